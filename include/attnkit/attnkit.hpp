@@ -1,0 +1,9 @@
+// attnkit: header-only CPU attention kernels. The one header to include.
+#pragma once
+
+#include "attnkit/version.hpp"
+#include "attnkit/config.hpp"
+#include "attnkit/view.hpp"
+#include "attnkit/options.hpp"
+#include "attnkit/thread_pool.hpp"
+#include "attnkit/reference/softmax_attention.hpp"

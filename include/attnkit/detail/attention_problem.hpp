@@ -1,0 +1,85 @@
+// One attention call with pointers and strides taken once from the views, and the mapping of
+// work items (batch, key/value head, block of query positions) to rows. Rows of an item are
+// position-major: row r is query position i0 + r / G of query head hk * G + r % G, so all query
+// heads sharing a key/value head run against the same K/V rows (GQA by index, never by copy).
+#pragma once
+
+#include <vector>
+
+#include "attnkit/detail/check.hpp"
+#include "attnkit/detail/mask.hpp"
+#include "attnkit/detail/online_softmax.hpp"
+
+namespace attnkit {
+namespace detail {
+
+struct strided_rows {
+    const float* data = nullptr;
+    index_t sb = 0, sl = 0, sh = 0;  // strides of batch, sequence, head; the head dim is contiguous
+
+    const float* row(index_t b, index_t l, index_t h) const { return data + b * sb + l * sl + h * sh; }
+};
+
+template <class T>
+strided_rows rows_of(const view<const T, 4>& x) {
+    return {x.data, x.strides[0], x.strides[1], x.strides[2]};
+}
+
+struct attention_problem {
+    attention_shape s{};
+    strided_rows q, k, v;
+    float q_scale = 1.0f;  // folded into the packed queries: scale, times log2(e) unless soft-capped
+    score_transform tf;
+    bool causal = false;
+    index_t window = -1, chunk = 0;
+    const std::int64_t* key_lengths = nullptr;
+
+    mask_params mask(index_t b) const {
+        mask_params mp;
+        mp.offset = s.len_k - s.len_q;
+        mp.causal = causal;
+        mp.window = window;
+        mp.chunk = chunk;
+        mp.key_len = key_lengths ? key_lengths[b] : s.len_k;
+        return mp;
+    }
+};
+
+// A block of rows: n_pos query positions from i0, all G heads of key/value head hk.
+struct row_block {
+    index_t b = 0, hk = 0, i0 = 0, n_pos = 0, group = 1;
+
+    index_t rows() const { return n_pos * group; }
+    index_t pos(index_t r) const { return i0 + r / group; }
+    index_t head(index_t r) const { return hk * group + r % group; }
+};
+
+template <class T>
+attention_problem make_problem(const view<const T, 4>& q, const view<const T, 4>& k, const view<const T, 4>& v,
+                               const attention_shape& s, const softmax_options& o) {
+    attention_problem p;
+    p.s = s;
+    p.q = rows_of(q);
+    p.k = rows_of(k);
+    p.v = rows_of(v);
+    const float scale = resolve_scale(o.scale, s.dim);
+    p.tf.softcap = o.softcap > 0.0f ? o.softcap : 0.0f;
+    p.q_scale = p.tf.softcap > 0.0f ? scale : scale * simd::kLog2e;
+    p.causal = o.causal || o.chunk > 0;  // chunked local attention is causal within its chunk
+    p.window = o.window_left;
+    p.chunk = o.chunk;
+    p.key_lengths = o.key_lengths.empty() ? nullptr : o.key_lengths.data();
+    return p;
+}
+
+// Keys [lo, hi) a row block may see at all, clipped to [ks0, ks1).
+inline void block_key_range(const mask_params& mp, const row_block& rb, index_t ks0, index_t ks1, index_t& lo,
+                            index_t& hi) {
+    mp.key_range(rb.i0 + mp.offset, rb.i0 + rb.n_pos - 1 + mp.offset, lo, hi);
+    lo = std::max(lo, ks0);
+    hi = std::min(hi, ks1);
+    if (hi < lo) hi = lo;
+}
+
+}  // namespace detail
+}  // namespace attnkit

@@ -1,0 +1,110 @@
+// Packing and register-blocked micro-kernels (rows in lanes, kTileRows rows per panel).
+//
+//   scores_tile: S^T[j][r] = sum_d K[j][d] * QT[d][r]
+//   values_tile: OT[c][r]  = alpha[r] * OT[c][r] + sum_j V[j][c] * PT[j][r]
+//
+// K and V tiles are dense row-major copies (see copy_rows); each broadcast element feeds kNR
+// FMAs and each loaded row vector kMR FMAs.
+#pragma once
+
+#include <algorithm>
+
+#include "attnkit/detail/tile_traits.hpp"
+
+namespace attnkit {
+namespace detail {
+
+// Copies n rows of a K or V block into a dense buffer with row stride ld (>= n_cols). Rows of
+// one head sit H * D floats apart in BSHD, usually a multiple of 4 KiB, so every row of a block
+// would fall into the same L1 set; dense copies with a 512-byte-ish stride stream instead. The
+// copy is O(keys x D) per block against O(rows x keys x D) of FMAs.
+inline void copy_rows(const float* src, index_t src_stride, index_t n, index_t n_cols, index_t ld, float* dst) {
+    for (index_t j = 0; j < n; ++j) std::copy_n(src + j * src_stride, n_cols, dst + j * ld);
+}
+
+// Each row is a page-sized stride away from the last, which hardware prefetchers do not follow,
+// so kernels prefetch the rows of the next block while computing this one, a slice per panel:
+// a burst of a whole block's lines would exhaust the miss buffers and stall.
+inline void prefetch_rows(const float* src, index_t src_stride, index_t j_begin, index_t j_end, index_t n_cols) {
+    constexpr index_t kLine = 64 / sizeof(float);
+    for (index_t j = j_begin; j < j_end; ++j)
+        for (index_t c = 0; c < n_cols; c += kLine) ATTNKIT_PREFETCH(src + j * src_stride + c);
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE void scores_tile(const float* ATTNKIT_RESTRICT kp, const float* ATTNKIT_RESTRICT qt,
+                                       index_t dim, float* ATTNKIT_RESTRICT st, index_t valid,
+                                       simd::vfloat<A>* ATTNKIT_RESTRICT mx) {
+    using V = simd::vfloat<A>;
+    constexpr int kNR = tile_traits<A>::kNR;
+    constexpr int MR = tile_traits<A>::kMR;
+    constexpr index_t W = tile_traits<A>::kLanes;
+    constexpr index_t RT = tile_traits<A>::kTileRows;
+    V acc[MR][kNR];
+    for (int m = 0; m < MR; ++m)
+        for (int n = 0; n < kNR; ++n) acc[m][n] = V(0.0f);
+    for (index_t d = 0; d < dim; ++d) {
+        V qv[kNR];
+        for (int n = 0; n < kNR; ++n) qv[n] = simd::loadu<A>(qt + d * RT + n * W);
+        for (int m = 0; m < MR; ++m) {
+            const V kb(kp[m * dim + d]);
+            for (int n = 0; n < kNR; ++n) acc[m][n] = simd::fma(kb, qv[n], acc[m][n]);
+        }
+    }
+    // The softmax needs each row's max over the block: taking it here, from registers, saves a
+    // pass over S^T.
+    for (int m = 0; m < MR; ++m)
+        for (int n = 0; n < kNR; ++n) {
+            simd::storeu(st + m * RT + n * W, acc[m][n]);
+            if (m < valid) mx[n] = simd::max(acc[m][n], mx[n]);
+        }
+}
+
+// All keys of a dense K tile [rounded-up n_keys][dim] against one row panel; S^T rows past n_keys
+// are computed from whatever the tile holds there and never read. mx[n] (in/out) takes the
+// max over the block's scores of each row. Panel-level functions stay out of line: each call is
+// tens of thousands of FMAs, and separate symbols keep profiles readable.
+template <class A>
+ATTNKIT_NOINLINE void scores_panel(const float* kp, index_t n_keys, const float* qt, index_t dim, float* st,
+                                   simd::vfloat<A>* mx) {
+    constexpr int MR = tile_traits<A>::kMR;
+    constexpr index_t RT = tile_traits<A>::kTileRows;
+    for (index_t j = 0; j < n_keys; j += MR) scores_tile<A>(kp + j * dim, qt, dim, st + j * RT, n_keys - j, mx);
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t ld, index_t n_keys,
+                                       const float* ATTNKIT_RESTRICT pt, const simd::vfloat<A>* alpha,
+                                       float* ATTNKIT_RESTRICT ot) {
+    using V = simd::vfloat<A>;
+    constexpr int kNR = tile_traits<A>::kNR;
+    constexpr int MC = tile_traits<A>::kMR;
+    constexpr index_t W = tile_traits<A>::kLanes;
+    constexpr index_t RT = tile_traits<A>::kTileRows;
+    V acc[MC][kNR];
+    for (int c = 0; c < MC; ++c)
+        for (int n = 0; n < kNR; ++n) acc[c][n] = simd::loadu<A>(ot + c * RT + n * W) * alpha[n];
+    for (index_t j = 0; j < n_keys; ++j) {
+        V pv[kNR];
+        for (int n = 0; n < kNR; ++n) pv[n] = simd::loadu<A>(pt + j * RT + n * W);
+        for (int c = 0; c < MC; ++c) {
+            const V vb(vp[j * ld + c]);
+            for (int n = 0; n < kNR; ++n) acc[c][n] = simd::fma(vb, pv[n], acc[c][n]);
+        }
+    }
+    for (int c = 0; c < MC; ++c)
+        for (int n = 0; n < kNR; ++n) simd::storeu(ot + c * RT + n * W, acc[c][n]);
+}
+
+// All value columns of a dense V tile [n_keys][ld] against one row panel; ld (a multiple of
+// kMR) is the padded Dv, and columns past Dv are zero in the tile.
+template <class A>
+ATTNKIT_NOINLINE void values_panel(const float* vp, index_t ld, index_t n_keys, const float* pt, const simd::vfloat<A>* alpha,
+                         float* ot) {
+    constexpr int MC = tile_traits<A>::kMR;
+    constexpr index_t RT = tile_traits<A>::kTileRows;
+    for (index_t c = 0; c < ld; c += MC) values_tile<A>(vp + c, ld, n_keys, pt, alpha, ot + c * RT);
+}
+
+}  // namespace detail
+}  // namespace attnkit

@@ -1,0 +1,99 @@
+// Online softmax (FlashAttention's running max and sum) on a panel of rows in lanes, in log2
+// units: scores arrive multiplied by log2(e) so that one exp2 per score suffices.
+//
+// -inf guards: a row that has seen no visible key keeps m = -inf; its scores and rescale factor
+// are computed against 0 instead, so exp2(-inf - -inf) = NaN never happens, p = 0 and l = 0. A
+// row that ends with l = 0 outputs zeros and lse = -inf.
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "attnkit/detail/tile_traits.hpp"
+
+namespace attnkit {
+namespace detail {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Per-row score transform before the softmax; the identity unless soft-capping is on.
+struct score_transform {
+    float softcap = 0.0f;  // > 0: s -> softcap * tanh(s / softcap), then to log2 units
+};
+
+// One panel (kTileRows rows) of an S^T tile [n_keys][kTileRows], for keys j0 .. j0 + n_keys.
+// When `masked`, row r sees keys in [lo[r], hi[r]) only (every mask of the library gives each
+// row one interval). On return the tile holds p = 2^(s - m_new), m and l are updated and
+// alpha[n] is the factor to apply to the output accumulated so far. block_max[n] is each row's
+// max over the raw block (from scores_panel); masks and soft-capping change it, and then it is
+// taken again here.
+template <class A>
+ATTNKIT_NOINLINE void softmax_panel(float* st, index_t n_keys, index_t j0, bool masked, const float* lo,
+                                    const float* hi, const score_transform& tf, float* m, float* l,
+                                    const simd::vfloat<A>* block_max, simd::vfloat<A>* alpha) {
+    using V = simd::vfloat<A>;
+    constexpr int kNR = tile_traits<A>::kNR;
+    constexpr index_t W = tile_traits<A>::kLanes;
+    constexpr index_t RT = tile_traits<A>::kTileRows;
+    const V neg_inf(kNegInf);
+    for (int n = 0; n < kNR; ++n) {
+        float* s = st + n * W;
+        if (tf.softcap > 0.0f) {
+            const V inv(1.0f / tf.softcap), cap(tf.softcap * simd::kLog2e);
+            for (index_t j = 0; j < n_keys; ++j) simd::storeu(s + j * RT, cap * simd::tanh(simd::loadu<A>(s + j * RT) * inv));
+        }
+        const V m_old = simd::loadu<A>(m + n * W);
+        V mx = m_old;
+        if (!masked && tf.softcap <= 0.0f) {
+            mx = simd::max(block_max[n], mx);
+        } else if (masked) {
+            const V lov = simd::loadu<A>(lo + n * W), hiv = simd::loadu<A>(hi + n * W);
+            for (index_t j = 0; j < n_keys; ++j) {
+                const V jf(static_cast<float>(j0 + j));
+                V x = simd::loadu<A>(s + j * RT);
+                x = simd::select(jf < lov, neg_inf, simd::select(jf >= hiv, neg_inf, x));
+                simd::storeu(s + j * RT, x);
+                mx = simd::max(x, mx);
+            }
+        } else {
+            for (index_t j = 0; j < n_keys; ++j) mx = simd::max(simd::loadu<A>(s + j * RT), mx);
+        }
+        const V mu = simd::select(mx == neg_inf, V(0.0f), mx);
+        alpha[n] = simd::exp2_nonpositive(m_old - mu);
+        V sum(0.0f);
+        for (index_t j = 0; j < n_keys; ++j) {
+            const V p = simd::exp2_nonpositive(simd::loadu<A>(s + j * RT) - mu);
+            simd::storeu(s + j * RT, p);
+            sum += p;
+        }
+        simd::storeu(l + n * W, simd::fma(simd::loadu<A>(l + n * W), alpha[n], sum));
+        simd::storeu(m + n * W, mx);
+    }
+}
+
+// Natural-log lse of a row from its log2-domain running max and sum (NaN stays NaN).
+inline float row_lse(float m, float l) {
+    return l == 0.0f ? kNegInf : (m + std::log2(l)) * simd::kLn2;
+}
+inline float row_inv_sum(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
+
+// Folds a partial result (o_b normalised over its keys, lse_b) into (o_a, lse_a), exactly as
+// variants.md defines the merge; a side with lse = -inf contributes nothing. o_b may be null
+// for a zero-valued side (an attention sink).
+inline void merge_row(float* o_a, float& lse_a, const float* o_b, float lse_b, index_t dim_v) {
+    if (lse_b == kNegInf) return;
+    if (lse_a == kNegInf) {
+        for (index_t c = 0; c < dim_v; ++c) o_a[c] = o_b ? o_b[c] : 0.0f;
+        lse_a = lse_b;
+        return;
+    }
+    const float mx = lse_a > lse_b ? lse_a : lse_b;
+    const float wa = std::exp(lse_a - mx), wb = std::exp(lse_b - mx);
+    const float lse = mx + std::log(wa + wb);
+    const float fa = std::exp(lse_a - lse), fb = std::exp(lse_b - lse);
+    for (index_t c = 0; c < dim_v; ++c) o_a[c] = fa * o_a[c] + (o_b ? fb * o_b[c] : 0.0f);
+    lse_a = lse;
+}
+
+}  // namespace detail
+}  // namespace attnkit

@@ -1,0 +1,46 @@
+// Shims over xsimd API changes, so that the rest of attnkit compiles against Debian's xsimd 8.1
+// and against current releases alike. This header and simd.hpp are the only ones naming xsimd.
+#pragma once
+
+#include <xsimd/xsimd.hpp>
+
+#ifndef XSIMD_VERSION_MAJOR
+#error "attnkit: xsimd did not define XSIMD_VERSION_MAJOR"
+#endif
+
+namespace attnkit {
+namespace simd {
+namespace compat {
+
+// Horizontal sum: 8.x calls it hadd, later releases reduce_add (hadd was removed).
+template <class A>
+inline float reduce_add(const xsimd::batch<float, A>& x) noexcept {
+#if XSIMD_VERSION_MAJOR >= 9
+    return xsimd::reduce_add(x);
+#else
+    return xsimd::hadd(x);
+#endif
+}
+
+// Reinterpret float lanes as int32 lanes and back: the template argument was the target batch
+// type up to xsimd 10 and became the target element type in 11.
+template <class A>
+inline xsimd::batch<std::int32_t, A> as_int(const xsimd::batch<float, A>& x) noexcept {
+#if XSIMD_VERSION_MAJOR >= 11
+    return xsimd::bitwise_cast<std::int32_t>(x);
+#else
+    return xsimd::bitwise_cast<xsimd::batch<std::int32_t, A>>(x);
+#endif
+}
+template <class A>
+inline xsimd::batch<float, A> as_float(const xsimd::batch<std::int32_t, A>& x) noexcept {
+#if XSIMD_VERSION_MAJOR >= 11
+    return xsimd::bitwise_cast<float>(x);
+#else
+    return xsimd::bitwise_cast<xsimd::batch<float, A>>(x);
+#endif
+}
+
+}  // namespace compat
+}  // namespace simd
+}  // namespace attnkit

@@ -1,0 +1,94 @@
+// Standard softmax attention, the fast kernel (variants.md section 1).
+//
+//   attnkit::softmax_attention(q, k, v, out, opts);        q [B,Lq,H,D], k [B,Lk,Hk,D], v [B,Lk,Hk,Dv]
+//   attnkit::softmax_attention(q, k, v, out, lse, opts);   out [B,Lq,H,Dv], lse [B,Lq,H] (natural log)
+//   attnkit::merge_partials(out_a, lse_a, out_b, lse_b, out, lse);
+//
+// Arguments are attnkit::view, row-major Eigen::Tensor or Eigen::TensorMap. All arguments are
+// validated before anything is written.
+#pragma once
+
+#include <type_traits>
+
+#include "attnkit/detail/attention_driver.hpp"
+#include "attnkit/detail/check.hpp"
+#include "attnkit/options.hpp"
+#include "attnkit/view.hpp"
+
+namespace attnkit {
+namespace detail {
+
+template <class X>
+constexpr bool kIsTensorArg = tensor_traits<std::decay_t<X>>::kIsTensorish;
+
+template <class A, class T>
+void softmax_attention_impl(const view<const T, 4>& q, const view<const T, 4>& k, const view<const T, 4>& v,
+                            const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
+    static_assert(std::is_same<T, float>::value, "attnkit::softmax_attention: float storage for now");
+    const attention_shape s = check_qkv(q, k, v);
+    check_out("out", out, s);
+    if (lse) check_lse("lse", *lse, s);
+    check_options(opts, s);
+
+    forward_outputs fo;
+    fo.out = out;
+    if (lse) fo.lse = *lse;
+    fo.sinks = opts.sinks.empty() ? nullptr : opts.sinks.data();
+    attention_forward<A>(make_problem(q, k, v, s, opts), fo, opts.pool);
+}
+
+}  // namespace detail
+
+template <class Q, class K, class V, class O>
+void softmax_attention(const Q& q, const K& k, const V& v, O&& out, const softmax_options& opts = {}) {
+    const auto out_v = detail::output_view<4>("out", out, "[B, Lq, H, Dv]");
+    detail::softmax_attention_impl<simd::default_arch>(detail::input_view<4>("q", q, "[B, Lq, H, D]"),
+                                                       detail::input_view<4>("k", k, "[B, Lk, Hk, D]"),
+                                                       detail::input_view<4>("v", v, "[B, Lk, Hk, Dv]"), out_v,
+                                                       nullptr, opts);
+}
+
+template <class Q, class K, class V, class O, class L, std::enable_if_t<detail::kIsTensorArg<L>, int> = 0>
+void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse, const softmax_options& opts = {}) {
+    const auto out_v = detail::output_view<4>("out", out, "[B, Lq, H, Dv]");
+    const auto lse_v = detail::output_view<3>("lse", lse, "[B, Lq, H]");
+    detail::softmax_attention_impl<simd::default_arch>(detail::input_view<4>("q", q, "[B, Lq, H, D]"),
+                                                       detail::input_view<4>("k", k, "[B, Lk, Hk, D]"),
+                                                       detail::input_view<4>("v", v, "[B, Lk, Hk, Dv]"), out_v,
+                                                       &lse_v, opts);
+}
+
+// Exact merge of two attention results over disjoint key sets (split-KV decode, ring attention):
+// lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b.
+// out and lse may alias out_a/lse_a or out_b/lse_b.
+template <class OA, class LA, class OB, class LB, class O, class L>
+void merge_partials(const OA& out_a, const LA& lse_a, const OB& out_b, const LB& lse_b, O&& out, L&& lse) {
+    const auto oa = detail::input_view<4>("out_a", out_a, "[B, Lq, H, Dv]");
+    const auto la = detail::input_view<3>("lse_a", lse_a, "[B, Lq, H]");
+    const auto ob = detail::input_view<4>("out_b", out_b, "[B, Lq, H, Dv]");
+    const auto lb = detail::input_view<3>("lse_b", lse_b, "[B, Lq, H]");
+    const auto o = detail::output_view<4>("out", out, "[B, Lq, H, Dv]");
+    const auto l = detail::output_view<3>("lse", lse, "[B, Lq, H]");
+    static_assert(std::is_same<typename decltype(o)::value_type, float>::value, "merge_partials: float outputs");
+    detail::attention_shape s{oa.dims[0], oa.dims[1], 0, oa.dims[2], oa.dims[2], 1, oa.dims[3]};
+    detail::check_out("out_a", oa, s);
+    detail::check_out("out_b", ob, s);
+    detail::check_out("out", o, s);
+    detail::check_lse("lse_a", la, s);
+    detail::check_lse("lse_b", lb, s);
+    detail::check_lse("lse", l, s);
+    std::vector<float> row(static_cast<std::size_t>(s.dim_v));
+    for (index_t b = 0; b < s.batch; ++b)
+        for (index_t i = 0; i < s.len_q; ++i)
+            for (index_t h = 0; h < s.heads; ++h) {
+                const float* pa = oa.ptr(b, i, h);
+                std::copy(pa, pa + s.dim_v, row.begin());
+                float lse_v = la(b, i, h);
+                detail::merge_row(row.data(), lse_v, ob.ptr(b, i, h), lb(b, i, h), s.dim_v);
+                if (lse_v == detail::kNegInf) std::fill(row.begin(), row.end(), 0.0f);  // nothing visible
+                std::copy(row.begin(), row.end(), o.ptr(b, i, h));
+                l(b, i, h) = lse_v;
+            }
+}
+
+}  // namespace attnkit

@@ -1,0 +1,277 @@
+// Bad arguments (DESIGN.md "Errors"): every entry point throws std::invalid_argument naming the
+// argument and its actual shape or value, and writes nothing to out or lse.
+//
+// The tests are typed over entry points. To run them against another implementation with the
+// same signatures (e.g. the fast kernel), include its header and add it to entry_points:
+//     ATTNKIT_ENTRY_POINT(fast, attnkit::softmax_attention)
+//     using entry_points = ::testing::Types<reference, fast>;
+#include "attnkit/reference/softmax_attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/compare.hpp"
+#include "common/tensor.hpp"
+
+namespace {
+
+using attnkit::index_t;
+using attnkit::softmax_options;
+using attnkit::view;
+using namespace attnkit_test;
+
+#define ATTNKIT_ENTRY_POINT(NAME, FUNCTION)         \
+    struct NAME {                                   \
+        static constexpr const char* kName = #NAME; \
+        template <class... A>                       \
+        void operator()(A&&... a) const {           \
+            FUNCTION(std::forward<A>(a)...);        \
+        }                                           \
+    };
+
+ATTNKIT_ENTRY_POINT(reference, attnkit::reference::softmax_attention)
+using entry_points = ::testing::Types<reference>;
+
+class entry_point_names {
+public:
+    template <class T>
+    static std::string GetName(int) {
+        return T::kName;
+    }
+};
+
+// A valid problem: B = 2, Lq = 3, Lk = 4, H = 4, Hk = 2, D = 5, Dv = 6.
+constexpr index_t B = 2, Lq = 3, Lk = 4, H = 4, Hk = 2, D = 5, Dv = 6;
+constexpr float kSentinel = 7.0f;
+
+template <class F>
+class check_test : public ::testing::Test {
+protected:
+    tensor4<float> q = make_bshd(B, Lq, H, D, 0.5f);
+    tensor4<float> k = make_bshd(B, Lk, Hk, D, 0.25f);
+    tensor4<float> v = make_bshd(B, Lk, Hk, Dv, 1.0f);
+    tensor4<float> out = make_bshd(B, Lq, H, Dv, kSentinel);
+    tensor3<float> lse = make_lse(B, Lq, H, kSentinel);
+    softmax_options opts;
+    F call;
+
+    // Runs f, which must throw std::invalid_argument whose message contains every string of
+    // `parts`; then out and lse must still hold the sentinel.
+    void expect_rejected(const std::function<void()>& f, std::initializer_list<std::string> parts) {
+        try {
+            f();
+            ADD_FAILURE() << "no exception; expected one mentioning " << *parts.begin();
+        } catch (const std::invalid_argument& e) {
+            const std::string what = e.what();
+            for (const std::string& p : parts)
+                EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
+        } catch (const std::exception& e) {
+            ADD_FAILURE() << "wrong exception type: " << e.what();
+        }
+        EXPECT_TRUE(all_equal_to(out, kSentinel)) << "out was written";
+        EXPECT_TRUE(all_equal_to(lse, kSentinel)) << "lse was written";
+    }
+
+    // With lse, and (separately) without it.
+    void expect_rejected_both(std::initializer_list<std::string> parts) {
+        expect_rejected([&] { call(q, k, v, out, lse, opts); }, parts);
+        expect_rejected([&] { call(q, k, v, out, opts); }, parts);
+    }
+};
+
+TYPED_TEST_SUITE(check_test, entry_points, entry_point_names);
+
+TYPED_TEST(check_test, valid_problem_runs) {
+    this->call(this->q, this->k, this->v, this->out, this->lse, this->opts);
+    EXPECT_FALSE(all_equal_to(this->out, kSentinel));
+    EXPECT_TRUE(all_close(this->out, make_bshd(B, Lq, H, Dv, 1.0f), 1e-6, 1e-6));
+}
+
+TYPED_TEST(check_test, wrong_rank) {
+    const Eigen::Tensor<float, 3, Eigen::RowMajor> q3(B, Lq, H * D);
+    this->expect_rejected(
+        [&] { this->call(q3, this->k, this->v, this->out, this->lse, this->opts); },
+        {"q", "rank 4", "rank 3"});
+    const Eigen::Tensor<float, 5, Eigen::RowMajor> k5(B, Lk, Hk, D, 1);
+    this->expect_rejected([&] { this->call(this->q, k5, this->v, this->out, this->opts); },
+                          {"k:", "rank 5"});
+    this->expect_rejected([&] { this->call(this->q, this->k, q3, this->out, this->opts); },
+                          {"v:", "rank 3"});
+    Eigen::Tensor<float, 3, Eigen::RowMajor> out3(B, Lq, H * Dv);
+    this->expect_rejected(
+        [&] { this->call(this->q, this->k, this->v, out3, this->lse, this->opts); },
+        {"out:", "rank 3"});
+    tensor4<float> lse4 = make_bshd(B, Lq, H, 1, kSentinel);
+    this->expect_rejected(
+        [&] { this->call(this->q, this->k, this->v, this->out, lse4, this->opts); },
+        {"lse:", "rank 4"});
+}
+
+TYPED_TEST(check_test, k_shape_disagreements) {
+    for (const auto& dims :
+         {std::array<index_t, 4>{B + 1, Lk, Hk, D}, std::array<index_t, 4>{B, Lk, Hk, D + 1}}) {
+        this->k = make_bshd(dims[0], dims[1], dims[2], dims[3]);
+        this->expect_rejected_both(
+            {"k:", attnkit::shape_string(as_view(this->k)), "[B, Lk, Hk, D]"});
+    }
+}
+
+TYPED_TEST(check_test, v_shape_disagreements) {
+    for (const auto& dims :
+         {std::array<index_t, 4>{B + 1, Lk, Hk, Dv}, std::array<index_t, 4>{B, Lk + 1, Hk, Dv},
+          std::array<index_t, 4>{B, Lk, Hk + 2, Dv}}) {
+        this->v = make_bshd(dims[0], dims[1], dims[2], dims[3]);
+        this->expect_rejected_both(
+            {"v:", attnkit::shape_string(as_view(this->v)), "[B, Lk, Hk, Dv]"});
+    }
+}
+
+TYPED_TEST(check_test, out_shape_disagreements) {
+    for (const auto& dims :
+         {std::array<index_t, 4>{B + 1, Lq, H, Dv}, std::array<index_t, 4>{B, Lq + 1, H, Dv},
+          std::array<index_t, 4>{B, Lq, H + 1, Dv}, std::array<index_t, 4>{B, Lq, H, Dv - 1},
+          std::array<index_t, 4>{B, Lq, H, D}}) {
+        tensor4<float> bad = make_bshd(dims[0], dims[1], dims[2], dims[3], kSentinel);
+        const std::string shape = attnkit::shape_string(as_view(bad));
+        this->expect_rejected(
+            [&] { this->call(this->q, this->k, this->v, bad, this->lse, this->opts); },
+            {"out:", shape, "[2, 3, 4, 6]"});
+        this->expect_rejected([&] { this->call(this->q, this->k, this->v, bad, this->opts); },
+                              {"out:", shape});
+        EXPECT_TRUE(all_equal_to(bad, kSentinel));
+    }
+}
+
+TYPED_TEST(check_test, lse_shape_disagreements) {
+    for (const auto& dims :
+         {std::array<index_t, 3>{B + 1, Lq, H}, std::array<index_t, 3>{B, Lq - 1, H},
+          std::array<index_t, 3>{B, Lq, Hk}}) {
+        tensor3<float> bad = make_lse(dims[0], dims[1], dims[2], kSentinel);
+        this->expect_rejected(
+            [&] { this->call(this->q, this->k, this->v, this->out, bad, this->opts); },
+            {"lse:", attnkit::shape_string(as_view(bad)), "[2, 3, 4]"});
+        EXPECT_TRUE(all_equal_to(bad, kSentinel));
+    }
+}
+
+TYPED_TEST(check_test, heads_not_a_multiple) {
+    this->k = make_bshd(B, Lk, 3, D);
+    this->v = make_bshd(B, Lk, 3, Dv);
+    this->expect_rejected_both({"k:", "H = 4", "Hk = 3"});
+}
+
+TYPED_TEST(check_test, empty_heads_or_head_dims) {
+    this->q = make_bshd(B, Lq, H, 0);
+    this->k = make_bshd(B, Lk, Hk, 0);
+    this->expect_rejected_both({"q:", "[2, 3, 4, 0]"});
+    this->q = make_bshd(B, Lq, H, D);
+    this->k = make_bshd(B, Lk, Hk, D);
+    this->v = make_bshd(B, Lk, Hk, 0);
+    this->expect_rejected([&] { this->call(this->q, this->k, this->v, this->out, this->opts); },
+                          {"v:", "[2, 4, 2, 0]"});
+}
+
+TYPED_TEST(check_test, option_ranges) {
+    const float nan = std::numeric_limits<float>::quiet_NaN(),
+                inf = std::numeric_limits<float>::infinity();
+    auto with = [&](auto set, std::initializer_list<std::string> parts) {
+        this->opts = softmax_options{};
+        set(this->opts);
+        this->expect_rejected_both(parts);
+    };
+    with([](softmax_options& o) { o.window_left = -2; }, {"opts.window_left", "-2"});
+    with([](softmax_options& o) { o.chunk = -1; }, {"opts.chunk", "-1"});
+    with([&](softmax_options& o) { o.scale = nan; }, {"opts.scale", "nan"});
+    with([&](softmax_options& o) { o.scale = inf; }, {"opts.scale", "inf"});
+    with([](softmax_options& o) { o.scale = -0.5f; }, {"opts.scale", "-0.5"});
+    with([&](softmax_options& o) { o.softcap = nan; }, {"opts.softcap", "NaN"});
+    with([&](softmax_options& o) { o.softcap = inf; }, {"opts.softcap", "inf"});
+    with([](softmax_options& o) { o.key_lengths = {4}; }, {"opts.key_lengths", "B = 2", "got 1"});
+    with([](softmax_options& o) { o.key_lengths = {4, 4, 4}; }, {"opts.key_lengths", "got 3"});
+    with([](softmax_options& o) { o.key_lengths = {4, -1}; }, {"opts.key_lengths[1]", "-1"});
+    with(
+        [](softmax_options& o) {
+            o.key_lengths = {Lk + 1, 0};
+        },
+        {"opts.key_lengths[0]", "Lk = 4", "5"});
+    with([](softmax_options& o) { o.sinks = {0.f, 0.f}; }, {"opts.sinks", "H = 4", "got 2"});
+    with([&](softmax_options& o) { o.sinks = {0.f, 0.f, nan, 0.f}; }, {"opts.sinks[2]", "nan"});
+    with([&](softmax_options& o) { o.sinks = {inf, 0.f, 0.f, 0.f}; }, {"opts.sinks[0]", "inf"});
+}
+
+TYPED_TEST(check_test, valid_option_edges_are_accepted) {
+    softmax_options o;
+    o.window_left = 0;
+    o.chunk = 1;
+    o.key_lengths = {0, Lk};
+    o.sinks = {-std::numeric_limits<float>::infinity(), 0.f, 1.f, -1.f};
+    o.softcap = -1.0f;  // <= 0 is off
+    EXPECT_NO_THROW(this->call(this->q, this->k, this->v, this->out, this->lse, o));
+}
+
+TYPED_TEST(check_test, last_stride_not_one) {
+    // Same dims as the valid arguments, over a buffer twice as large, every other element.
+    std::vector<float> buf(1000, 1.0f);
+    auto strided4 = [&](index_t d0, index_t d1, index_t d2, index_t d3) {
+        return view<float, 4>(buf.data(), {d0, d1, d2, d3},
+                              {d1 * d2 * d3 * 2, d2 * d3 * 2, d3 * 2, 2});
+    };
+    const view<const float, 4> qs = strided4(B, Lq, H, D), ks = strided4(B, Lk, Hk, D),
+                               vs = strided4(B, Lk, Hk, Dv);
+    this->expect_rejected(
+        [&] { this->call(qs, this->k, this->v, this->out, this->lse, this->opts); },
+        {"q:", "stride 2", "[2, 3, 4, 5]"});
+    this->expect_rejected(
+        [&] { this->call(this->q, ks, this->v, this->out, this->lse, this->opts); },
+        {"k:", "stride 2"});
+    this->expect_rejected(
+        [&] { this->call(this->q, this->k, vs, this->out, this->lse, this->opts); },
+        {"v:", "stride 2"});
+    std::vector<float> obuf(2 * B * Lq * H * Dv, kSentinel);
+    const view<float, 4> os(obuf.data(), {B, Lq, H, Dv}, {Lq * H * Dv * 2, H * Dv * 2, Dv * 2, 2});
+    this->expect_rejected([&] { this->call(this->q, this->k, this->v, os, this->lse, this->opts); },
+                          {"out:", "stride 2"});
+    const view<float, 3> ls(obuf.data(), {B, Lq, H}, {Lq * H * 2, H * 2, 2});
+    this->expect_rejected([&] { this->call(this->q, this->k, this->v, this->out, ls, this->opts); },
+                          {"lse:", "stride 2"});
+    for (float x : obuf) ASSERT_EQ(kSentinel, x);
+}
+
+TYPED_TEST(check_test, negative_dims_and_null_data) {
+    const view<const float, 4> neg(this->q.data(), {B, -1, H, D});
+    this->expect_rejected(
+        [&] { this->call(neg, this->k, this->v, this->out, this->lse, this->opts); },
+        {"q:", "negative"});
+    const view<const float, 4> null_k(nullptr, {B, Lk, Hk, D});
+    this->expect_rejected(
+        [&] { this->call(this->q, null_k, this->v, this->out, this->lse, this->opts); },
+        {"k:", "null"});
+}
+
+// The reference's third overload (weights) validates before resizing its weights.
+TEST(check_test_reference, weights_untouched_on_error) {
+    tensor4<float> q = make_bshd(B, Lq, H, D), k = make_bshd(B, Lk, Hk, D),
+                   v = make_bshd(B, Lk, Hk, Dv);
+    tensor4<float> out = make_bshd(B, Lq, H, Dv, kSentinel);
+    tensor3<float> lse = make_lse(B, Lq, H, kSentinel);
+    Eigen::Tensor<double, 4, Eigen::RowMajor> w(1, 1, 1, 1);
+    w.setConstant(7.0);
+    softmax_options o;
+    o.window_left = -5;
+    EXPECT_THROW(attnkit::reference::softmax_attention(q, k, v, out, lse, w, o),
+                 std::invalid_argument);
+    EXPECT_EQ(1, w.size());
+    EXPECT_EQ(7.0, w(0, 0, 0, 0));
+    EXPECT_TRUE(all_equal_to(out, kSentinel));
+    EXPECT_TRUE(all_equal_to(lse, kSentinel));
+}
+
+}  // namespace

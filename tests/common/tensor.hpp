@@ -1,0 +1,146 @@
+// Test helpers: tensors, views over other layouts, index iteration. Header-only, test code only.
+//
+//   tensor4<T>, tensor3<T>                 row-major Eigen tensors (T defaults to float)
+//   make_bshd(B, L, H, D[, fill])          a [B, L, H, D] tensor filled with `fill` (0)
+//   make_lse(B, L, H[, fill])              a [B, L, H] tensor
+//   as_view(x) / as_mutable_view(x)        attnkit::view<const S, N> / view<S, N> of any view,
+//                                          row-major Tensor or TensorMap
+//   at(view, idx)                          element at a std::array multi-index
+//   for_each_index<N>(dims, f)             calls f(const std::array<index_t, N>&) in row-major
+//   order bhld_as_bshd(ptr, B, H, L, D)          a [B, H, L, D] buffer seen as BSHD (permuted
+//   strides) fused_qkv_views(ptr, B, L, H, D)       a [B, L, 3, H, D] buffer as three BSHD views
+//   fused_qkv_views(ptr, B, L, H, Hk, D)   a [B, L, H + 2*Hk, D] buffer (GQA packing) as q, k, v
+//   fill(x, value)                         sets every element (strided views too)
+//   to_double(x)                           a double copy (Tensor<double, N, RowMajor>) of x
+//   max_abs(x)                             max |element| (NaN ignored; 0 for an empty tensor)
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+#include <unsupported/Eigen/CXX11/Tensor>
+
+#include "attnkit/view.hpp"
+
+namespace attnkit_test {
+
+using attnkit::index_t;
+
+template <class T = float>
+using tensor4 = Eigen::Tensor<T, 4, Eigen::RowMajor>;
+template <class T = float>
+using tensor3 = Eigen::Tensor<T, 3, Eigen::RowMajor>;
+
+template <class X>
+constexpr int rank_of = attnkit::detail::tensor_traits<std::decay_t<X>>::kRank;
+
+template <class T = float>
+tensor4<T> make_bshd(index_t B, index_t L, index_t H, index_t D, T fill_value = T(0)) {
+    tensor4<T> t(B, L, H, D);
+    t.setConstant(fill_value);
+    return t;
+}
+
+template <class T = float>
+tensor3<T> make_lse(index_t B, index_t L, index_t H, T fill_value = T(0)) {
+    tensor3<T> t(B, L, H);
+    t.setConstant(fill_value);
+    return t;
+}
+
+template <class X>
+auto as_view(const X& x) {
+    return attnkit::detail::input_view<rank_of<X>>("x", x, "");
+}
+
+template <class X>
+auto as_mutable_view(X&& x) {
+    return attnkit::detail::output_view<rank_of<X>>("x", std::forward<X>(x), "");
+}
+
+template <class T, int N, std::size_t M>
+T& at(const attnkit::view<T, N>& v, const std::array<index_t, M>& idx) {
+    static_assert(static_cast<std::size_t>(N) == M, "at: one index per dimension");
+    index_t off = 0;
+    for (int i = 0; i < N; ++i) off += idx[i] * v.strides[i];
+    return v.data[off];
+}
+
+template <int N, class F>
+void for_each_index(const std::array<index_t, N>& dims, F&& f) {
+    for (int i = 0; i < N; ++i)
+        if (dims[i] <= 0) return;
+    std::array<index_t, N> idx{};
+    for (;;) {
+        f(static_cast<const std::array<index_t, N>&>(idx));
+        int d = N - 1;
+        while (d >= 0 && ++idx[d] == dims[d]) idx[d--] = 0;
+        if (d < 0) return;
+    }
+}
+
+// A [B, H, L, D] row-major buffer seen as BSHD: dims [B, L, H, D], strides permuted.
+template <class T>
+attnkit::view<T, 4> bhld_as_bshd(T* data, index_t B, index_t H, index_t L, index_t D) {
+    return attnkit::view<T, 4>(data, {B, L, H, D}, {H * L * D, D, L * D, 1});
+}
+
+template <class T>
+struct qkv_views {
+    attnkit::view<T, 4> q, k, v;
+};
+
+// A fused projection buffer [B, L, H + 2*Hk, D] (q heads, then k heads, then v heads) as three
+// BSHD views without copies.
+template <class T>
+qkv_views<T> fused_qkv_views(T* data, index_t B, index_t L, index_t H, index_t Hk, index_t D) {
+    const index_t row = (H + 2 * Hk) * D;
+    const std::array<index_t, 4> sq{L * row, row, D, 1};
+    return {attnkit::view<T, 4>(data, {B, L, H, D}, sq),
+            attnkit::view<T, 4>(data + H * D, {B, L, Hk, D}, sq),
+            attnkit::view<T, 4>(data + (H + Hk) * D, {B, L, Hk, D}, sq)};
+}
+
+// A fused QKV buffer [B, L, 3, H, D] as three BSHD views.
+template <class T>
+qkv_views<T> fused_qkv_views(T* data, index_t B, index_t L, index_t H, index_t D) {
+    return fused_qkv_views(data, B, L, H, H, D);
+}
+
+template <class X, class V>
+void fill(X&& x, V value) {
+    auto v = as_mutable_view(std::forward<X>(x));
+    using S = typename decltype(v)::value_type;
+    for_each_index<rank_of<X>>(v.dims,
+                               [&](const auto& idx) { at(v, idx) = static_cast<S>(value); });
+}
+
+template <class X>
+Eigen::Tensor<double, rank_of<X>, Eigen::RowMajor> to_double(const X& x) {
+    constexpr int N = rank_of<X>;
+    const auto v = as_view(x);
+    Eigen::Tensor<double, N, Eigen::RowMajor> t;
+    std::array<Eigen::Index, N> d{};
+    for (int i = 0; i < N; ++i) d[i] = static_cast<Eigen::Index>(v.dims[i]);
+    t.resize(d);
+    auto tv = as_mutable_view(t);
+    for_each_index<N>(v.dims,
+                      [&](const auto& idx) { at(tv, idx) = static_cast<double>(at(v, idx)); });
+    return t;
+}
+
+template <class X>
+double max_abs(const X& x) {
+    const auto v = as_view(x);
+    double m = 0.0;
+    for_each_index<rank_of<X>>(v.dims, [&](const auto& idx) {
+        const double a = std::fabs(static_cast<double>(at(v, idx)));
+        if (a > m) m = a;
+    });
+    return m;
+}
+
+}  // namespace attnkit_test
