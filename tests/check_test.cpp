@@ -6,6 +6,7 @@
 //     ATTNKIT_ENTRY_POINT(fast, attnkit::softmax_attention)
 //     using entry_points = ::testing::Types<reference, fast>;
 #include "attnkit/reference/softmax_attention.hpp"
+#include "attnkit/softmax_attention.hpp"
 
 #include <gtest/gtest.h>
 
@@ -38,7 +39,8 @@ using namespace attnkit_test;
     };
 
 ATTNKIT_ENTRY_POINT(reference, attnkit::reference::softmax_attention)
-using entry_points = ::testing::Types<reference>;
+ATTNKIT_ENTRY_POINT(fast, attnkit::softmax_attention)
+using entry_points = ::testing::Types<reference, fast>;
 
 class entry_point_names {
 public:

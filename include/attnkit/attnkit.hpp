@@ -7,3 +7,4 @@
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "attnkit/reference/softmax_attention.hpp"
+#include "attnkit/softmax_attention.hpp"

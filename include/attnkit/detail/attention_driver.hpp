@@ -25,13 +25,16 @@ struct forward_plan {
     index_t n_pos = 1, n_qblocks = 0, n_items = 0, n_split = 1, split_len = 0;
 
     // Heavy blocks first: under a causal mask the last query blocks see the most keys, and
-    // handing them out first keeps the threads' loads even at the end.
+    // handing them out first keeps the threads' loads even at the end. The row kernel takes all
+    // key/value heads at once so that it reads K and V front to back.
     row_block item(const attention_shape& s, index_t idx) const {
-        const index_t per_qb = s.batch * s.heads_k;
+        const index_t n_hk = row_path ? 1 : s.heads_k;
+        const index_t per_qb = s.batch * n_hk;
         const index_t qb = n_qblocks - 1 - idx / per_qb, rem = idx % per_qb;
         row_block rb;
-        rb.b = rem / s.heads_k;
-        rb.hk = rem % s.heads_k;
+        rb.b = rem / n_hk;
+        rb.hk = row_path ? 0 : rem % n_hk;
+        rb.n_hk = row_path ? s.heads_k : 1;
         rb.group = s.group();
         rb.i0 = qb * n_pos;
         rb.n_pos = std::min(n_pos, s.len_q - rb.i0);
@@ -46,7 +49,7 @@ forward_plan make_plan(const attention_shape& s) {
     pl.row_path = s.len_q * G <= kRowKernelMaxRows<A>;
     pl.n_pos = pl.row_path ? s.len_q : std::max<index_t>(1, tile_traits<A>::kBlockRows / G);
     pl.n_qblocks = (s.len_q + pl.n_pos - 1) / pl.n_pos;
-    pl.n_items = s.batch * s.heads_k * pl.n_qblocks;
+    pl.n_items = s.batch * (pl.row_path ? 1 : s.heads_k) * pl.n_qblocks;
     if (pl.n_items < kTargetWorkItems && s.len_k >= 2 * kMinSplitKeys) {
         const index_t want = (kTargetWorkItems + pl.n_items - 1) / pl.n_items;
         pl.n_split = std::min(want, s.len_k / kMinSplitKeys);
@@ -88,7 +91,7 @@ void attention_forward(const attention_problem& p, const forward_outputs& fo, th
     }
 
     // Split-KV: each piece writes its normalised partial, then rows merge pieces in order.
-    const index_t rows_max = pl.n_pos * s.group();
+    const index_t rows_max = pl.n_pos * s.group() * (pl.row_path ? s.heads_k : 1);
     const index_t part_rows = pl.n_items * pl.n_split * rows_max;
     std::vector<float> part_o(static_cast<std::size_t>(part_rows * Dv));
     std::vector<float> part_lse(static_cast<std::size_t>(part_rows));

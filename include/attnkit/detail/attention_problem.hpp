@@ -45,13 +45,17 @@ struct attention_problem {
     }
 };
 
-// A block of rows: n_pos query positions from i0, all G heads of key/value head hk.
+// A block of rows: n_pos query positions from i0, all G query heads of each key/value head in
+// [hk, hk + n_hk). Rows are head-major, position-major within a head: row r belongs to key/value
+// head hk + r / (n_pos * G).
 struct row_block {
-    index_t b = 0, hk = 0, i0 = 0, n_pos = 0, group = 1;
+    index_t b = 0, hk = 0, n_hk = 1, i0 = 0, n_pos = 0, group = 1;
 
-    index_t rows() const { return n_pos * group; }
-    index_t pos(index_t r) const { return i0 + r / group; }
-    index_t head(index_t r) const { return hk * group + r % group; }
+    index_t rows_per_kv_head() const { return n_pos * group; }
+    index_t rows() const { return n_hk * n_pos * group; }
+    index_t kv_head(index_t r) const { return hk + r / rows_per_kv_head(); }
+    index_t pos(index_t r) const { return i0 + (r % rows_per_kv_head()) / group; }
+    index_t head(index_t r) const { return kv_head(r) * group + r % group; }
 };
 
 template <class T>

@@ -22,6 +22,20 @@ inline void copy_rows(const float* src, index_t src_stride, index_t n, index_t n
     for (index_t j = 0; j < n; ++j) std::copy_n(src + j * src_stride, n_cols, dst + j * ld);
 }
 
+// Whether a dense tile holds only finite values (x * 0 is NaN exactly for NaN and +-inf).
+template <class A>
+inline bool all_finite(const float* x, index_t n) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    V acc(0.0f);
+    index_t i = 0;
+    for (; i + W <= n; i += W) acc = simd::fma(simd::loadu<A>(x + i), V(0.0f), acc);
+    float tail = 0.0f;
+    for (; i < n; ++i) tail += x[i] * 0.0f;
+    const float z = simd::hsum(acc) + tail;
+    return z == z;
+}
+
 // Each row is a page-sized stride away from the last, which hardware prefetchers do not follow,
 // so kernels prefetch the rows of the next block while computing this one, a slice per panel:
 // a burst of a whole block's lines would exhaust the miss buffers and stall.
@@ -72,7 +86,10 @@ ATTNKIT_NOINLINE void scores_panel(const float* kp, index_t n_keys, const float*
     for (index_t j = 0; j < n_keys; j += MR) scores_tile<A>(kp + j * dim, qt, dim, st + j * RT, n_keys - j, mx);
 }
 
-template <class A>
+// kGuardZeros: a masked row has p = 0 for a key it must not see, and 0 * inf = NaN would carry
+// a non-finite value of that key into it; the guarded form adds nothing where p = 0. Only
+// partially masked panels over a tile with non-finite values need it.
+template <class A, bool kGuardZeros>
 ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t ld, index_t n_keys,
                                        const float* ATTNKIT_RESTRICT pt, const simd::vfloat<A>* alpha,
                                        float* ATTNKIT_RESTRICT ot) {
@@ -89,7 +106,12 @@ ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t
         for (int n = 0; n < kNR; ++n) pv[n] = simd::loadu<A>(pt + j * RT + n * W);
         for (int c = 0; c < MC; ++c) {
             const V vb(vp[j * ld + c]);
-            for (int n = 0; n < kNR; ++n) acc[c][n] = simd::fma(vb, pv[n], acc[c][n]);
+            for (int n = 0; n < kNR; ++n) {
+                if constexpr (kGuardZeros)
+                    acc[c][n] = simd::select(pv[n] == V(0.0f), acc[c][n], simd::fma(vb, pv[n], acc[c][n]));
+                else
+                    acc[c][n] = simd::fma(vb, pv[n], acc[c][n]);
+            }
         }
     }
     for (int c = 0; c < MC; ++c)
@@ -98,12 +120,12 @@ ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t
 
 // All value columns of a dense V tile [n_keys][ld] against one row panel; ld (a multiple of
 // kMR) is the padded Dv, and columns past Dv are zero in the tile.
-template <class A>
-ATTNKIT_NOINLINE void values_panel(const float* vp, index_t ld, index_t n_keys, const float* pt, const simd::vfloat<A>* alpha,
-                         float* ot) {
+template <class A, bool kGuardZeros = false>
+ATTNKIT_NOINLINE void values_panel(const float* vp, index_t ld, index_t n_keys, const float* pt,
+                                   const simd::vfloat<A>* alpha, float* ot) {
     constexpr int MC = tile_traits<A>::kMR;
     constexpr index_t RT = tile_traits<A>::kTileRows;
-    for (index_t c = 0; c < ld; c += MC) values_tile<A>(vp + c, ld, n_keys, pt, alpha, ot + c * RT);
+    for (index_t c = 0; c < ld; c += MC) values_tile<A, kGuardZeros>(vp + c, ld, n_keys, pt, alpha, ot + c * RT);
 }
 
 }  // namespace detail

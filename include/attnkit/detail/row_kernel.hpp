@@ -47,50 +47,37 @@ ATTNKIT_ALWAYS_INLINE float dot1(const float* q, const float* k, index_t dim) {
     return s;
 }
 
-// o = alpha * o + sum_j p[j] v_j, with a chunk of o held in registers across the keys.
+// o += p v for one value row.
 template <class A>
-inline void accumulate_values(float* o, float alpha, const float* p, const float* v, index_t v_stride, index_t n_keys,
-                              index_t dim_v) {
+ATTNKIT_ALWAYS_INLINE void axpy(float* o, float p, const float* v, index_t dim_v) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
-    constexpr index_t kChunk = 4;
+    const V pv(p);
     index_t c = 0;
-    for (; c + kChunk * W <= dim_v; c += kChunk * W) {
-        V acc[kChunk];
-        for (index_t u = 0; u < kChunk; ++u) acc[u] = simd::loadu<A>(o + c + u * W) * V(alpha);
-        for (index_t j = 0; j < n_keys; ++j) {
-            const V pj(p[j]);
-            const float* vr = v + j * v_stride + c;
-            for (index_t u = 0; u < kChunk; ++u) acc[u] = simd::fma(pj, simd::loadu<A>(vr + u * W), acc[u]);
-        }
-        for (index_t u = 0; u < kChunk; ++u) simd::storeu(o + c + u * W, acc[u]);
-    }
-    for (; c + W <= dim_v; c += W) {
-        V acc = simd::loadu<A>(o + c) * V(alpha);
-        for (index_t j = 0; j < n_keys; ++j) acc = simd::fma(V(p[j]), simd::loadu<A>(v + j * v_stride + c), acc);
-        simd::storeu(o + c, acc);
-    }
-    for (; c < dim_v; ++c) {
-        float acc = o[c] * alpha;
-        for (index_t j = 0; j < n_keys; ++j) acc += p[j] * v[j * v_stride + c];
-        o[c] = acc;
-    }
+    for (; c + W <= dim_v; c += W) simd::storeu(o + c, simd::fma(pv, simd::loadu<A>(v + c), simd::loadu<A>(o + c)));
+    for (; c < dim_v; ++c) o[c] += p * v[c];
 }
 
 // emit(r, o_row, lse) receives each row's output normalised over keys [ks0, ks1) and its lse.
+//
+// Decode reads every K and V element once, so its speed is the speed of that read. Keys are
+// visited in order and, for each key, all key/value heads of the block: K[b, j, :, :] and
+// V[b, j, :, :] are contiguous in BSHD, so memory is read front to back, which is what DRAM
+// and the hardware prefetchers stream fastest.
 template <class A, class Emit>
 void row_kernel(const attention_problem& p, const row_block& rb, index_t ks0, index_t ks1, Emit&& emit) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     constexpr index_t BK = kRowBlockKeys;
     static_assert(BK % 4 == 0 && BK % W == 0, "row block must hold whole vectors");
-    const index_t D = p.s.dim, Dv = p.s.dim_v, R = rb.rows();
+    const index_t D = p.s.dim, Dv = p.s.dim_v, R = rb.rows(), RH = rb.rows_per_kv_head();
 
-    std::vector<float> buf(static_cast<std::size_t>(R * (D + Dv)), 0.0f);
+    std::vector<float> buf(static_cast<std::size_t>(R * (D + Dv + BK)), 0.0f);
     std::vector<index_t> lo(static_cast<std::size_t>(R)), hi(static_cast<std::size_t>(R));
     std::vector<float> m(static_cast<std::size_t>(R), kNegInf), l(static_cast<std::size_t>(R), 0.0f);
     float* qs = buf.data();
     float* o = qs + R * D;
+    float* sc = o + R * Dv;  // scores, then probabilities, of the current block: [R][BK]
 
     const mask_params mp = p.mask(rb.b);
     index_t min_lo = ks1, max_hi = ks0;
@@ -106,41 +93,65 @@ void row_kernel(const attention_problem& p, const row_block& rb, index_t ks0, in
         }
     }
 
-    alignas(64) float s[BK];
     const float* k0 = p.k.row(rb.b, 0, rb.hk);
     const float* v0 = p.v.row(rb.b, 0, rb.hk);
     for (index_t j0 = min_lo; j0 < max_hi; j0 += BK) {
         const index_t nk = std::min(BK, max_hi - j0);
-        const float* kb = k0 + j0 * p.k.sl;
+        auto active = [&](index_t r) { return j0 < hi[r] && j0 + nk > lo[r]; };
+
+        // Scores, four keys at a time per row: one hsum per key, K rows shared by a head's rows.
+        for (index_t j = 0; j < nk; j += 4) {
+            const index_t nj = std::min<index_t>(4, nk - j);
+            for (index_t h = 0; h < rb.n_hk; ++h) {
+                const float* kr = k0 + (j0 + j) * p.k.sl + h * p.k.sh;
+                for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
+                    if (!active(r)) continue;
+                    float* s = sc + r * BK + j;
+                    if (nj == 4)
+                        dot4<A>(qs + r * D, kr, p.k.sl, D, s);
+                    else
+                        for (index_t u = 0; u < nj; ++u) s[u] = dot1<A>(qs + r * D, kr + u * p.k.sl, D);
+                }
+            }
+        }
+
+        // Online softmax per row over the block.
         for (index_t r = 0; r < R; ++r) {
-            if (j0 >= hi[r] || j0 + nk <= lo[r]) continue;
-            const float* q = qs + r * D;
-            index_t j = 0;
-            for (; j + 4 <= nk; j += 4) dot4<A>(q, kb + j * p.k.sl, p.k.sl, D, s + j);
-            for (; j < nk; ++j) s[j] = dot1<A>(q, kb + j * p.k.sl, D);
+            if (!active(r)) continue;
+            float* s = sc + r * BK;
             if (p.tf.softcap > 0.0f) {
                 const float inv = 1.0f / p.tf.softcap, cap = p.tf.softcap * simd::kLog2e;
-                for (j = 0; j < nk; ++j) s[j] = cap * std::tanh(s[j] * inv);
+                for (index_t j = 0; j < nk; ++j) s[j] = cap * std::tanh(s[j] * inv);
             }
-            for (j = 0; j < nk; ++j)
+            for (index_t j = 0; j < nk; ++j)
                 if (j0 + j < lo[r] || j0 + j >= hi[r]) s[j] = kNegInf;
-            for (j = nk; j < BK; ++j) s[j] = kNegInf;
-
+            for (index_t j = nk; j < BK; ++j) s[j] = kNegInf;
             V mv(m[r]);
-            for (j = 0; j < BK; j += W) mv = simd::max(simd::loadu<A>(s + j), mv);
+            for (index_t j = 0; j < BK; j += W) mv = simd::max(simd::loadu<A>(s + j), mv);
             const float mx = simd::hmax(mv);
             const float mu = mx == kNegInf ? 0.0f : mx;  // -inf guard, as in online_softmax.hpp
             const float alpha = simd::exp2(simd::scalar_float(m[r] - mu)).v;
             V sum(0.0f);
-            for (j = 0; j < BK; j += W) {
+            for (index_t j = 0; j < BK; j += W) {
                 const V e = simd::exp2_nonpositive(simd::loadu<A>(s + j) - V(mu));
                 simd::storeu(s + j, e);
                 sum += e;
             }
             l[r] = l[r] * alpha + simd::hsum(sum);
             m[r] = mx;
-            accumulate_values<A>(o + r * Dv, alpha, s, v0 + j0 * p.v.sl, p.v.sl, nk, Dv);
+            if (alpha != 1.0f)
+                for (index_t c = 0; c < Dv; ++c) o[r * Dv + c] *= alpha;
         }
+
+        // Values, key by key across heads: V is read front to back like K.
+        for (index_t j = 0; j < nk; ++j)
+            for (index_t h = 0; h < rb.n_hk; ++h) {
+                const float* vr = v0 + (j0 + j) * p.v.sl + h * p.v.sh;
+                for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
+                    const float pj = sc[r * BK + j];
+                    if (active(r) && pj != 0.0f) axpy<A>(o + r * Dv, pj, vr, Dv);
+                }
+            }
     }
 
     for (index_t r = 0; r < R; ++r) {

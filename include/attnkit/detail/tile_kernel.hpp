@@ -80,6 +80,7 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
             const index_t j0 = k_lo + bi * BK, j1 = std::min(j0 + BK, k_hi), nk = j1 - j0;
             copy_rows(kb0 + j0 * p.k.sl, p.k.sl, nk, D, D, kp);
             copy_rows(vb0 + j0 * p.v.sl, p.v.sl, nk, Dv, dv_pad, vp);
+            const bool v_finite = all_finite<A>(vp, nk * dv_pad);
             const float* k_next = kb0 + (j0 - BK) * p.k.sl;
             const float* v_next = vb0 + (j0 - BK) * p.v.sl;
             for (index_t t = 0; t < n_panels; ++t) {
@@ -95,7 +96,10 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
                 scores_panel<A>(kp, nk, qt + t * D * RT, D, st, block_max);
                 softmax_panel<A>(st, nk, j0, masked, lo + t * RT, hi + t * RT, p.tf, m + t * RT, l + t * RT,
                                  block_max, alpha);
-                values_panel<A>(vp, dv_pad, nk, st, alpha, ot + t * dv_pad * RT);
+                if (masked && !v_finite)
+                    values_panel<A, true>(vp, dv_pad, nk, st, alpha, ot + t * dv_pad * RT);
+                else
+                    values_panel<A>(vp, dv_pad, nk, st, alpha, ot + t * dv_pad * RT);
             }
         }
     }

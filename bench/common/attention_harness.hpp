@@ -1,0 +1,405 @@
+// attnkit benchmarks: the attention harness shared by every attention family.
+//
+// A *family* is one way of computing attention (reference, materialised, attnkit, ...): a name
+// and a callable with attnkit's own signature
+//
+//     void(const tensor4& q, const tensor4& k, const tensor4& v, tensor4& out,
+//          const attnkit::softmax_options& opts)
+//
+// where opts carries the case's mask and `opts.pool` = the thread pool of the case (nullptr
+// for threads:1; pool->size() is the thread count). A *case* is one shape + mask + thread
+// count. register_attention_benchmarks(cases) registers one Google Benchmark per (case, family)
+// that applies, case-major so that the console groups the families of a shape together:
+//
+//     <family>/L:1024/D:64/H:8/causal:1/threads:1            prefill, Lq = Lk = L
+//     <family>/L:2048/D:128/H:32/Hk:8/causal:1/threads:2     GQA (Hk shown when != H)
+//     <family>/decode/Lk:4096/D:128/H:8/threads:1            Lq = 1 against a KV cache
+//
+// Adding a family is one line:
+//
+//     attnkit_bench::add_family("attnkit", [](auto& q, auto& k, auto& v, auto& out, auto& opts) {
+//         attnkit::softmax_attention(q, k, v, out, opts);
+//     });
+//
+// What the harness does around the call (none of it timed):
+//  - inputs: gaussian N(0,1) q, k, v, deterministic per shape (own xoshiro256** + Box-Muller,
+//    identical on every standard library), cached across families and thread counts of a shape.
+//    Decode cases get several copies of K/V, cycled per iteration, so the KV cache streamed per
+//    cycle is >= 4x the last-level cache: the cache is cold as in a real decoder with many
+//    layers, not resident in L3 from the previous iteration.
+//  - out is filled with NaN before the loop, so a family that skips rows fails the check.
+//  - after the loop: every output value must be finite, and rows spread over (b, i, h) must match
+//    a double-precision recomputation within the family's tolerance; otherwise
+//    state.SkipWithError. An exception from the family is also reported that way.
+//  - counters: FLOP/s (useful FLOPs, common/flops.hpp, kIsIterationInvariantRate), peak_frac
+//    (FLOP/s over machine_peak_flops(threads)); decode also GB/s (K/V bytes per second, in
+//    GB/s, rate counter) and bw_frac (over the measured DRAM read bandwidth with as many
+//    threads).
+//  - timing: real (wall) time, ms; the minimum time comes from --benchmark_min_time (the
+//    program's main sets a default), or a family's fixed `iterations`.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <unsupported/Eigen/CXX11/Tensor>
+
+#include "attnkit/options.hpp"
+#include "attnkit/thread_pool.hpp"
+#include "flops.hpp"
+#include "machine.hpp"
+
+namespace attnkit_bench {
+
+using tensor4 = Eigen::Tensor<float, 4, Eigen::RowMajor>;
+
+using attention_fn = std::function<void(const tensor4& q, const tensor4& k, const tensor4& v,
+                                        tensor4& out, const attnkit::softmax_options& opts)>;
+
+// ---------------------------------------------------------------------------------------------
+// Cases.
+struct attn_case {
+    attn_dims dims;
+    bool causal = false;
+    bool decode = false;  // Lq = 1 against a KV cache: named by Lk, reports GB/s and bw_frac
+    int threads = 1;
+
+    attnkit::softmax_options options() const {
+        attnkit::softmax_options o;
+        o.causal = causal;
+        return o;
+    }
+    bool gqa() const { return dims.H != dims.Hk; }
+
+    // Name without the family: the part of the benchmark name after "<family>/".
+    std::string name() const {
+        std::ostringstream s;
+        if (decode) {
+            s << "decode/";
+            if (dims.B != 1) s << "B:" << dims.B << '/';
+            if (dims.Lq != 1) s << "Lq:" << dims.Lq << '/';
+            s << "Lk:" << dims.Lk;
+        } else {
+            if (dims.B != 1) s << "B:" << dims.B << '/';
+            if (dims.Lq == dims.Lk) s << "L:" << dims.Lq;
+            else s << "Lq:" << dims.Lq << "/Lk:" << dims.Lk;
+        }
+        s << "/D:" << dims.D;
+        if (dims.Dv != dims.D) s << "/Dv:" << dims.Dv;
+        s << "/H:" << dims.H;
+        if (dims.Hk != dims.H) s << "/Hk:" << dims.Hk;
+        if (!decode) s << "/causal:" << (causal ? 1 : 0);
+        s << "/threads:" << threads;
+        return s.str();
+    }
+};
+
+inline attn_case prefill_case(std::int64_t L, std::int64_t D, std::int64_t H, std::int64_t Hk,
+                              bool causal, int threads, std::int64_t B = 1) {
+    attn_case c;
+    c.dims = attn_dims{B, L, L, H, Hk, D, D};
+    c.causal = causal;
+    c.threads = threads;
+    return c;
+}
+
+inline attn_case decode_case(std::int64_t Lk, std::int64_t D, std::int64_t H, std::int64_t Hk,
+                             int threads, std::int64_t B = 1) {
+    attn_case c;
+    c.dims = attn_dims{B, 1, Lk, H, Hk, D, D};
+    c.causal = true;  // bottom-right: the one query sees the whole cache either way
+    c.decode = true;
+    c.threads = threads;
+    return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Families.
+struct family_options {
+    // Which cases the family runs on; empty: all of them.
+    std::function<bool(const attn_case&)> applies;
+    // > 0: exactly this many iterations per repetition (slow baselines); else --benchmark_min_time.
+    std::int64_t iterations = 0;
+    // > 0: at most this many repetitions, whatever ATTNKIT_BENCH_REPETITIONS asks for.
+    int max_repetitions = 0;
+    // Spot check: |out - ref| <= tolerance * (1 + |ref|), ref in double.
+    double tolerance = 2e-3;
+};
+
+struct family {
+    std::string name;
+    attention_fn fn;
+    family_options options;
+};
+
+inline std::vector<family>& families() {
+    static std::vector<family> f;
+    return f;
+}
+
+inline void add_family(std::string name, attention_fn fn, family_options options = {}) {
+    families().push_back(family{std::move(name), std::move(fn), std::move(options)});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs.
+class gaussian_rng {  // xoshiro256** seeded by splitmix64; Box-Muller on 53-bit uniforms
+   public:
+    explicit gaussian_rng(std::uint64_t seed) {
+        for (auto& w : s_) {
+            seed += 0x9e3779b97f4a7c15ULL;
+            std::uint64_t z = seed;
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+            w = z ^ (z >> 31);
+        }
+    }
+    double next() {
+        if (has_spare_) {
+            has_spare_ = false;
+            return spare_;
+        }
+        const double two_pi = 6.283185307179586476925286766559;
+        const double u1 = (static_cast<double>(bits() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+        const double u2 = static_cast<double>(bits() >> 11) * 0x1.0p-53;
+        const double r = std::sqrt(-2.0 * std::log(u1));
+        spare_ = r * std::sin(two_pi * u2);
+        has_spare_ = true;
+        return r * std::cos(two_pi * u2);
+    }
+
+   private:
+    static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+    std::uint64_t bits() {
+        const std::uint64_t r = rotl(s_[1] * 5, 7) * 9;
+        const std::uint64_t t = s_[1] << 17;
+        s_[2] ^= s_[0];
+        s_[3] ^= s_[1];
+        s_[1] ^= s_[2];
+        s_[0] ^= s_[3];
+        s_[2] ^= t;
+        s_[3] = rotl(s_[3], 45);
+        return r;
+    }
+    std::uint64_t s_[4];
+    double spare_ = 0;
+    bool has_spare_ = false;
+};
+
+inline tensor4 random_tensor(std::int64_t d0, std::int64_t d1, std::int64_t d2, std::int64_t d3,
+                             std::uint64_t seed) {
+    tensor4 t(d0, d1, d2, d3);
+    gaussian_rng g(seed);
+    float* p = t.data();
+    for (std::int64_t i = 0, n = t.size(); i < n; ++i) p[i] = static_cast<float>(g.next());
+    return t;
+}
+
+struct attn_inputs {
+    attn_dims dims;
+    bool decode = false;
+    tensor4 q, out;
+    std::vector<tensor4> k, v;  // identical copies; the harness cycles through them
+};
+
+inline std::uint64_t dims_seed(const attn_dims& d) {
+    std::uint64_t h = 0x243f6a8885a308d3ULL;
+    for (std::int64_t x : {d.B, d.Lq, d.Lk, d.H, d.Hk, d.D, d.Dv})
+        h = (h ^ static_cast<std::uint64_t>(x)) * 0x100000001b3ULL;
+    return h;
+}
+
+// Inputs of a case, kept until a case of another shape asks (benchmarks run case-major, so each
+// shape is generated once). Also frees the DRAM probes' stream buffer.
+inline attn_inputs& inputs_for(const attn_case& c) {
+    static attn_inputs cur;
+    static bool valid = false;
+    const attn_dims& d = c.dims;
+    const attn_dims& o = cur.dims;
+    const bool same = valid && cur.decode == c.decode && o.B == d.B && o.Lq == d.Lq &&
+                      o.Lk == d.Lk && o.H == d.H && o.Hk == d.Hk && o.D == d.D && o.Dv == d.Dv;
+    if (same) return cur;
+    release_stream_buffer();
+    cur = attn_inputs{};
+    valid = false;
+    cur.dims = d;
+    cur.decode = c.decode;
+    const std::uint64_t seed = dims_seed(d);
+    cur.q = random_tensor(d.B, d.Lq, d.H, d.D, seed + 1);
+    cur.k.push_back(random_tensor(d.B, d.Lk, d.Hk, d.D, seed + 2));
+    cur.v.push_back(random_tensor(d.B, d.Lk, d.Hk, d.Dv, seed + 3));
+    if (c.decode) {
+        const double one = static_cast<double>(d.B * d.Lk * d.Hk * (d.D + d.Dv)) * sizeof(float);
+        const double want = 4.0 * static_cast<double>(llc_bytes());
+        const int copies = std::min(16, std::max(1, static_cast<int>(std::ceil(want / one))));
+        for (int i = 1; i < copies; ++i) {
+            cur.k.push_back(cur.k[0]);
+            cur.v.push_back(cur.v[0]);
+        }
+    }
+    cur.out = tensor4(d.B, d.Lq, d.H, d.Dv);
+    valid = true;
+    return cur;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output checks. Returns an empty string when the output is fine, else what is wrong.
+inline std::string check_output(const attn_inputs& in, const attnkit::softmax_options& opts,
+                                double tolerance) {
+    const attn_dims& d = in.dims;
+    const float* out = in.out.data();
+    for (std::int64_t i = 0, n = in.out.size(); i < n; ++i)
+        if (!std::isfinite(out[i])) {
+            std::ostringstream s;
+            s << "output not finite at flat index " << i << " (value " << out[i] << ")";
+            return s.str();
+        }
+    // Rows to recompute: first/middle/last batch item, query and head, plus one odd query.
+    auto pick = [](std::int64_t n) {
+        std::vector<std::int64_t> v{0, n / 2, n - 1, (n * 2) / 3 | 1};
+        std::sort(v.begin(), v.end());
+        v.erase(std::unique(v.begin(), v.end()), v.end());
+        v.erase(std::remove_if(v.begin(), v.end(), [n](std::int64_t x) { return x < 0 || x >= n; }),
+                v.end());
+        return v;
+    };
+    const double scale = opts.scale > 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(d.D));
+    const tensor4& q = in.q;
+    const tensor4& k = in.k[0];
+    const tensor4& v = in.v[0];
+    std::vector<double> s(static_cast<std::size_t>(d.Lk)), o(static_cast<std::size_t>(d.Dv));
+    for (std::int64_t b : pick(d.B))
+        for (std::int64_t i : pick(d.Lq))
+            for (std::int64_t h : pick(d.H)) {
+                const std::int64_t kh = h / (d.H / d.Hk);
+                std::int64_t lo, hi;
+                detail::visible_range(d, opts, b, i, lo, hi);
+                std::fill(o.begin(), o.end(), 0.0);
+                if (hi >= lo) {
+                    double m = -std::numeric_limits<double>::infinity();
+                    for (std::int64_t j = lo; j <= hi; ++j) {
+                        double acc = 0;
+                        for (std::int64_t c = 0; c < d.D; ++c)
+                            acc += static_cast<double>(q(b, i, h, c)) * k(b, j, kh, c);
+                        s[static_cast<std::size_t>(j)] = acc * scale;
+                        m = std::max(m, acc * scale);
+                    }
+                    double z = 0;
+                    for (std::int64_t j = lo; j <= hi; ++j) {
+                        const double p = std::exp(s[static_cast<std::size_t>(j)] - m);
+                        z += p;
+                        for (std::int64_t c = 0; c < d.Dv; ++c)
+                            o[static_cast<std::size_t>(c)] += p * v(b, j, kh, c);
+                    }
+                    for (double& x : o) x /= z;
+                }
+                for (std::int64_t c = 0; c < d.Dv; ++c) {
+                    const double ref = o[static_cast<std::size_t>(c)];
+                    const double got = in.out(b, i, h, c);
+                    if (!(std::abs(got - ref) <= tolerance * (1.0 + std::abs(ref)))) {
+                        std::ostringstream e;
+                        e << "output mismatch at (b=" << b << ", i=" << i << ", h=" << h
+                          << ", d=" << c << "): got " << got << ", double recomputation " << ref;
+                        return e.str();
+                    }
+                }
+            }
+    return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The benchmark body.
+inline void run_attention(benchmark::State& state, const family& f, const attn_case& c) {
+    attn_inputs& in = inputs_for(c);
+    attnkit::softmax_options opts = c.options();
+    opts.pool = shared_pool(c.threads);
+    std::fill_n(in.out.data(), in.out.size(), std::numeric_limits<float>::quiet_NaN());
+
+    const double flops = attention_flops(c.dims, opts);
+    const std::size_t copies = in.k.size();
+    std::size_t slot = 0;
+    bool failed = false;
+    const auto t0 = clock_type::now();
+    for (auto _ : state) {
+        try {
+            f.fn(in.q, in.k[slot], in.v[slot], in.out, opts);
+        } catch (const std::exception& e) {
+            state.SkipWithError((std::string("exception: ") + e.what()).c_str());
+            failed = true;
+            break;
+        }
+        if (++slot == copies) slot = 0;
+        benchmark::ClobberMemory();
+    }
+    const double seconds = seconds_since(t0);
+    if (failed) return;
+
+    const std::string err = check_output(in, opts, f.options.tolerance);
+    if (!err.empty()) {
+        state.SkipWithError(err.c_str());
+        return;
+    }
+    const double iters = static_cast<double>(state.iterations());
+    state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["peak_frac"] = flops * iters / seconds / machine_peak_flops(c.threads);
+    if (c.decode) {
+        const double bytes = kv_bytes(c.dims, opts);
+        state.counters["GB/s"] =
+            benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+        state.counters["bw_frac"] = bytes * iters / seconds / dram_read_bandwidth(c.threads);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration.
+
+// ATTNKIT_BENCH_REPETITIONS from the environment (0 when unset or invalid).
+inline int requested_repetitions() {
+    const char* e = std::getenv("ATTNKIT_BENCH_REPETITIONS");
+    if (!e || !*e) return 0;
+    const long n = std::strtol(e, nullptr, 10);
+    return n > 0 && n < 1000 ? static_cast<int>(n) : 0;
+}
+
+// Cases whose one call is at least this many useful FLOPs get at most heavy_max_repetitions
+// repetitions, whatever ATTNKIT_BENCH_REPETITIONS says (a few seconds each for the baselines).
+constexpr double heavy_case_flops = 2e10;
+constexpr int heavy_max_repetitions = 3;
+
+// One benchmark per (case, family that applies), case-major, after the families are added.
+// Also records the family order in the JSON context ("attnkit_families") for bench_report.
+inline void register_attention_benchmarks(const std::vector<attn_case>& cases) {
+    const int reps = requested_repetitions();
+    std::string names;
+    for (const family& f : families()) names += (names.empty() ? "" : ",") + f.name;
+    benchmark::AddCustomContext("attnkit_families", names);
+    for (const attn_case& c : cases) {
+        const double flops = attention_flops(c.dims, c.options());
+        for (std::size_t fi = 0; fi < families().size(); ++fi) {
+            const family& f = families()[fi];
+            if (f.options.applies && !f.options.applies(c)) continue;
+            const std::string name = f.name + "/" + c.name();
+            auto* b = benchmark::RegisterBenchmark(name.c_str(), [fi, c](benchmark::State& st) {
+                run_attention(st, families()[fi], c);
+            });
+            b->UseRealTime()->Unit(benchmark::kMillisecond);
+            if (f.options.iterations > 0) b->Iterations(f.options.iterations);
+            int cap = f.options.max_repetitions;
+            if (flops >= heavy_case_flops)
+                cap = cap > 0 ? std::min(cap, heavy_max_repetitions) : heavy_max_repetitions;
+            if (reps > 0 && cap > 0 && reps > cap) b->Repetitions(cap);
+        }
+    }
+}
+
+}  // namespace attnkit_bench
