@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs the Debian/Ubuntu packages that attnkit's build, tests and benchmarks need.
+#   cmake/install-deps.sh        exit 0 when everything is there (installing it as root),
+#                                exit 1 with the exact command to run when not root
+set -euo pipefail
+
+packages=(cmake g++ make libeigen3-dev libxsimd-dev libgtest-dev libbenchmark-dev pkg-config)
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+    echo "install-deps: dpkg-query not found (not a Debian-based system); please install" \
+         "CMake >= 3.25, a C++17 compiler, Eigen >= 3.4, xsimd >= 8.1, GoogleTest," \
+         "Google Benchmark and pkg-config yourself." >&2
+    exit 0
+fi
+
+missing=()
+for pkg in "${packages[@]}"; do
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
+    if [[ "$status" != "installed" ]]; then
+        missing+=("$pkg")
+    fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+    echo "install-deps: all dependencies are installed (${packages[*]})"
+    exit 0
+fi
+
+echo "install-deps: missing packages: ${missing[*]}"
+if [[ $(id -u) -eq 0 ]]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y --no-install-recommends "${missing[@]}"
+    echo "install-deps: installed ${missing[*]}"
+else
+    echo "install-deps: run this, then try again:" >&2
+    echo "sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    exit 1
+fi

@@ -1,0 +1,133 @@
+# Driver of the consumer smoke tests, run by ctest as `cmake -D... -P run_consumer.cmake`.
+#
+# MODE=install          install attnkit's build tree into PREFIX (fresh)
+# MODE=find_package     configure, build and run find_package/ against PREFIX
+# MODE=pkg_config       compile find_package/main.cpp with `pkg-config --cflags --libs attnkit`
+#                       against PREFIX and run it
+# MODE=add_subdirectory configure, build and run add_subdirectory/ on ATTNKIT_SOURCE_DIR
+# MODE=fetchcontent     the same through FetchContent
+#
+# Inputs: ATTNKIT_SOURCE_DIR ATTNKIT_BINARY_DIR ATTNKIT_VERSION PREFIX WORK_DIR CONSUMER_DIR
+#         CMAKE_GENERATOR CMAKE_MAKE_PROGRAM CMAKE_CXX_COMPILER CONFIG [PKG_CONFIG]
+cmake_minimum_required(VERSION 3.21)
+
+foreach(_var MODE ATTNKIT_SOURCE_DIR ATTNKIT_BINARY_DIR PREFIX WORK_DIR CONSUMER_DIR)
+    if(NOT DEFINED ${_var} OR "${${_var}}" STREQUAL "")
+        message(FATAL_ERROR "run_consumer.cmake: ${_var} is not set")
+    endif()
+endforeach()
+if(NOT CONFIG)
+    set(CONFIG Release)
+endif()
+
+function(run)
+    string(REPLACE ";" " " _pretty "${ARGV}")
+    message(STATUS "$ ${_pretty}")
+    execute_process(COMMAND ${ARGV} RESULT_VARIABLE _rc)
+    if(NOT _rc EQUAL 0)
+        message(FATAL_ERROR "command failed (${_rc}): ${_pretty}")
+    endif()
+endfunction()
+
+# Configure, build and run one consumer CMake project in a fresh build directory.
+function(cmake_consumer name source_dir)
+    set(_build "${WORK_DIR}/${name}")
+    file(REMOVE_RECURSE "${_build}")
+    set(_gen)
+    if(CMAKE_GENERATOR)
+        list(APPEND _gen -G "${CMAKE_GENERATOR}")
+    endif()
+    if(CMAKE_MAKE_PROGRAM)
+        list(APPEND _gen "-DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}")
+    endif()
+    run("${CMAKE_COMMAND}" -S "${source_dir}" -B "${_build}" ${_gen}
+        "-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}"
+        "-DCMAKE_BUILD_TYPE=${CONFIG}"
+        ${ARGN})
+    run("${CMAKE_COMMAND}" --build "${_build}" --config "${CONFIG}")
+    find_program(_exe NAMES consumer PATHS "${_build}" "${_build}/${CONFIG}"
+                 NO_DEFAULT_PATH NO_CACHE REQUIRED)
+    run("${_exe}")
+endfunction()
+
+if(MODE STREQUAL "install")
+    file(REMOVE_RECURSE "${PREFIX}")
+    run("${CMAKE_COMMAND}" --install "${ATTNKIT_BINARY_DIR}" --prefix "${PREFIX}"
+        --config "${CONFIG}")
+    file(GLOB_RECURSE _config "${PREFIX}/*/attnkitConfig.cmake")
+    file(GLOB_RECURSE _pc "${PREFIX}/*/attnkit.pc")
+    if(NOT _config OR NOT _pc OR NOT EXISTS "${PREFIX}/include/attnkit/attnkit.hpp")
+        message(FATAL_ERROR "install into ${PREFIX} is missing attnkitConfig.cmake, attnkit.pc "
+                            "or include/attnkit/attnkit.hpp")
+    endif()
+
+elseif(MODE STREQUAL "find_package")
+    cmake_consumer(find_package "${CONSUMER_DIR}/find_package"
+        "-DCMAKE_PREFIX_PATH=${PREFIX}"
+        "-DEXPECTED_PREFIX=${PREFIX}"
+        "-DEXPECTED_VERSION=${ATTNKIT_VERSION}")
+
+elseif(MODE STREQUAL "add_subdirectory")
+    cmake_consumer(add_subdirectory "${CONSUMER_DIR}/add_subdirectory"
+        "-DATTNKIT_SOURCE_DIR=${ATTNKIT_SOURCE_DIR}")
+
+elseif(MODE STREQUAL "fetchcontent")
+    cmake_consumer(fetchcontent "${CONSUMER_DIR}/add_subdirectory"
+        "-DATTNKIT_SOURCE_DIR=${ATTNKIT_SOURCE_DIR}" -DUSE_FETCHCONTENT=ON)
+
+elseif(MODE STREQUAL "pkg_config")
+    if(NOT PKG_CONFIG)
+        message(FATAL_ERROR "PKG_CONFIG is not set")
+    endif()
+    file(GLOB_RECURSE _pc "${PREFIX}/*/attnkit.pc")
+    if(NOT _pc)
+        message(FATAL_ERROR "no attnkit.pc under ${PREFIX}")
+    endif()
+    get_filename_component(_pcdir "${_pc}" DIRECTORY)
+    if(DEFINED ENV{PKG_CONFIG_PATH} AND NOT "$ENV{PKG_CONFIG_PATH}" STREQUAL "")
+        set(ENV{PKG_CONFIG_PATH} "${_pcdir}:$ENV{PKG_CONFIG_PATH}")
+    else()
+        set(ENV{PKG_CONFIG_PATH} "${_pcdir}")
+    endif()
+    foreach(_what modversion cflags libs)
+        execute_process(COMMAND "${PKG_CONFIG}" --print-errors "--${_what}" attnkit
+                        OUTPUT_VARIABLE _out OUTPUT_STRIP_TRAILING_WHITESPACE
+                        RESULT_VARIABLE _rc)
+        if(NOT _rc EQUAL 0)
+            message(FATAL_ERROR "pkg-config --${_what} attnkit failed (${_rc})")
+        endif()
+        message(STATUS "pkg-config --${_what} attnkit: ${_out}")
+        set(_pc_${_what} "${_out}")
+    endforeach()
+    if(NOT _pc_modversion STREQUAL ATTNKIT_VERSION)
+        message(FATAL_ERROR "attnkit.pc says ${_pc_modversion}, expected ${ATTNKIT_VERSION}")
+    endif()
+    separate_arguments(_cflags UNIX_COMMAND "${_pc_cflags}")
+    # One -I must lead to the installed headers (the prefix in attnkit.pc is relative).
+    file(REAL_PATH "${PREFIX}/include" _inc)
+    set(_found_inc OFF)
+    foreach(_flag IN LISTS _cflags)
+        if(_flag MATCHES "^-I(.+)$")
+            set(_dir "${CMAKE_MATCH_1}")
+            if(EXISTS "${_dir}")
+                file(REAL_PATH "${_dir}" _dir)
+                if(_dir STREQUAL _inc)
+                    set(_found_inc ON)
+                endif()
+            endif()
+        endif()
+    endforeach()
+    if(NOT _found_inc)
+        message(FATAL_ERROR "pkg-config --cflags attnkit has no -I for ${_inc}: ${_pc_cflags}")
+    endif()
+    separate_arguments(_libs UNIX_COMMAND "${_pc_libs}")
+    set(_build "${WORK_DIR}/pkg_config")
+    file(REMOVE_RECURSE "${_build}")
+    file(MAKE_DIRECTORY "${_build}")
+    run("${CMAKE_CXX_COMPILER}" -std=c++17 -O1 ${_cflags}
+        "${CONSUMER_DIR}/find_package/main.cpp" -o "${_build}/consumer" ${_libs})
+    run("${_build}/consumer")
+
+else()
+    message(FATAL_ERROR "run_consumer.cmake: unknown MODE '${MODE}'")
+endif()
