@@ -165,7 +165,7 @@ void register_baselines() {
     family_options ref;
     ref.applies = [](const attn_case& c) {
         return !c.decode && !c.gqa() && c.threads == 1 && c.dims.Lq == c.dims.Lk &&
-               (c.dims.Lq == 512 || c.dims.Lq == 1024);
+               (c.dims.Lq == 512 || c.dims.Lq == 1024 || c.dims.Lq == 2048);
     };
     ref.iterations = 1;
     ref.max_repetitions = 1;
