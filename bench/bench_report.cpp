@@ -355,7 +355,7 @@ struct report {
         os << "- FP32 FMA peak per thread";
         if (ctx && !ctx->str("attnkit_fma_peak_gflops_per_thread").empty())
             os << ": " << ctx->str("attnkit_fma_peak_gflops_per_thread")
-               << " GFLOP/s (median in thread CPU time; range " << ctx->str("attnkit_fma_peak_gflops_range")
+               << " GFLOP/s (best run in thread CPU time; range " << ctx->str("attnkit_fma_peak_gflops_range")
                << "), the denominator of peak_frac (x threads)";
         for (const auto& r : results)
             if (r.family == "BM_fma_peak")
@@ -371,7 +371,7 @@ struct report {
                        << (n == "1" ? " thread" : " threads");
                     first = false;
                 }
-        if (!first) os << " (median, the denominator of bw_frac)";
+        if (!first) os << " (best of 5 passes, the denominator of bw_frac)";
         for (const auto& r : results)
             if (r.family == "BM_dram_read" || r.family == "BM_dram_triad")
                 os << "; " << r.family << ' ' << r.shape << ": " << fmt_num(r.get("GB/s")) << " GB/s";

@@ -49,13 +49,13 @@ std::vector<chunk> record_chunks(thread_pool* pool, std::int64_t b, std::int64_t
   return got;
 }
 
-TEST(ThreadPool, SizeAndConstruction) {
+TEST(thread_pool, size_and_construction) {
   for (std::size_t n : kPoolSizes) EXPECT_EQ(thread_pool(n).size(), n);
   const std::size_t hw = std::thread::hardware_concurrency();
   EXPECT_EQ(thread_pool(0).size(), hw == 0 ? 1 : hw);
 }
 
-TEST(ThreadPool, EveryIndexExactlyOnce) {
+TEST(thread_pool, every_index_exactly_once) {
   for (std::size_t size : kPoolSizes) {
     thread_pool pool(size);
     for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{1000},
@@ -67,7 +67,7 @@ TEST(ThreadPool, EveryIndexExactlyOnce) {
   }
 }
 
-TEST(ThreadPool, WorkersActuallyShareTheWork) {
+TEST(thread_pool, workers_actually_share_the_work) {
   // Every call waits until all size() calls have started: only true parallelism gets through.
   for (std::size_t size : {2, 3, 8}) {
     thread_pool pool(size);
@@ -86,7 +86,7 @@ TEST(ThreadPool, WorkersActuallyShareTheWork) {
   }
 }
 
-TEST(ThreadPool, IdleWorkersDoNotSpin) {
+TEST(thread_pool, idle_workers_do_not_spin) {
   thread_pool pool(8);
   expect_each_once(pool, 1000);
   const std::clock_t c0 = std::clock();
@@ -95,7 +95,7 @@ TEST(ThreadPool, IdleWorkersDoNotSpin) {
   EXPECT_LT(cpu_ms, 60.0);  // spinning workers would burn hundreds of ms here
 }
 
-TEST(ThreadPool, ChunkBoundariesExactAndPoolIndependent) {
+TEST(thread_pool, chunk_boundaries_exact_and_pool_independent) {
   struct range { std::int64_t b, e, g; };
   const range cases[] = {{0, 100, 10}, {0, 101, 10}, {3, 4, 100}, {-17, 45, 7}, {5, 5, 3},
                          {9, 2, 3},    {0, 1000, 1}, {0, 10, 10}, {0, 11, 10}};
@@ -115,7 +115,7 @@ TEST(ThreadPool, ChunkBoundariesExactAndPoolIndependent) {
   EXPECT_THROW(attnkit::parallel_for(nullptr, 0, 10, -1, noop), std::invalid_argument);
 }
 
-TEST(ThreadPool, ExceptionRethrownAfterStartedCallsEnd) {
+TEST(thread_pool, exception_rethrown_after_started_calls_end) {
   for (std::size_t size : kPoolSizes) {
     thread_pool pool(size);
     std::atomic<int> in_flight{0};
@@ -153,7 +153,7 @@ TEST(ThreadPool, ExceptionRethrownAfterStartedCallsEnd) {
   }
 }
 
-TEST(ThreadPool, ConcurrentCallersOnOnePool) {
+TEST(thread_pool, concurrent_callers_on_one_pool) {
   thread_pool pool(3);
   constexpr int kCallers = 4, kRounds = 40;
   std::atomic<int> failures{0};
@@ -178,7 +178,7 @@ TEST(ThreadPool, ConcurrentCallersOnOnePool) {
   EXPECT_EQ(failures.load(), 0);
 }
 
-TEST(ThreadPool, NestedParallelForDoesNotDeadlock) {
+TEST(thread_pool, nested_parallel_for_does_not_deadlock) {
   for (std::size_t size : kPoolSizes) {
     thread_pool pool(size);
     constexpr std::int64_t kOuter = 24, kInner = 300;
@@ -192,7 +192,7 @@ TEST(ThreadPool, NestedParallelForDoesNotDeadlock) {
   }
 }
 
-TEST(ThreadPool, FreeFunctionWithNullPoolRunsInlineInOrder) {
+TEST(thread_pool, free_function_with_null_pool_runs_inline_in_order) {
   const auto caller = std::this_thread::get_id();
   std::vector<std::int64_t> seen;
   bool other_thread = false;
@@ -218,7 +218,7 @@ TEST(ThreadPool, FreeFunctionWithNullPoolRunsInlineInOrder) {
   for (auto& h : hits) ASSERT_EQ(h.load(), 1);
 }
 
-TEST(ThreadPool, DestructionOfIdleAndUnusedPools) {
+TEST(thread_pool, destruction_of_idle_and_unused_pools) {
   for (std::size_t size : kPoolSizes) {
     { thread_pool never_used(size); }
     {
@@ -230,7 +230,7 @@ TEST(ThreadPool, DestructionOfIdleAndUnusedPools) {
   }
 }
 
-TEST(ThreadPool, FixedChunkSumBitwiseIdenticalAcrossPoolSizes) {
+TEST(thread_pool, fixed_chunk_sum_bitwise_identical_across_pool_sizes) {
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> mag(-8.f, 8.f), val(-1.f, 1.f);
   std::vector<float> x(100003);

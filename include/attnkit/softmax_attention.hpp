@@ -26,6 +26,10 @@ void softmax_attention_impl(const view<const T, 4>& q, const view<const T, 4>& k
                             const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
     static_assert(std::is_same<T, float>::value, "attnkit::softmax_attention: float storage for now");
     const attention_shape s = check_qkv(q, k, v);
+    // Mask bounds are compared to key indices in float lanes, exact below 2^24.
+    if (s.len_k >= (index_t(1) << 24))
+        fail("k: at most 2^24 - 1 keys per call (split longer caches and merge_partials), got Lk = " +
+             std::to_string(s.len_k) + " in " + shape_string(k));
     check_out("out", out, s);
     if (lse) check_lse("lse", *lse, s);
     check_options(opts, s);

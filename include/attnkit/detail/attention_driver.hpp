@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attnkit/detail/row_kernel.hpp"
+#include "attnkit/detail/scratch.hpp"
 #include "attnkit/detail/tile_kernel.hpp"
 #include "attnkit/thread_pool.hpp"
 
@@ -68,11 +69,13 @@ void attention_forward(const attention_problem& p, const forward_outputs& fo, th
     const forward_plan pl = make_plan<A>(s);
     const index_t Dv = s.dim_v;
 
+    scratch_slots scratch;
     auto run = [&](const row_block& rb, index_t ks0, index_t ks1, auto&& emit) {
+        scratch_lease buf(scratch);
         if (pl.row_path)
-            row_kernel<A>(p, rb, ks0, ks1, emit);
+            row_kernel<A>(p, rb, ks0, ks1, buf.get(), emit);
         else
-            tile_kernel<A>(p, rb, ks0, ks1, emit);
+            tile_kernel<A>(p, rb, ks0, ks1, buf.get(), emit);
     };
     auto write_final = [&](const row_block& rb, index_t r, float* o, float lse) {
         const index_t h = rb.head(r), i = rb.pos(r);

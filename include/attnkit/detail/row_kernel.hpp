@@ -64,15 +64,17 @@ ATTNKIT_ALWAYS_INLINE void axpy(float* o, float p, const float* v, index_t dim_v
 // visited in order and, for each key, all key/value heads of the block: K[b, j, :, :] and
 // V[b, j, :, :] are contiguous in BSHD, so memory is read front to back, which is what DRAM
 // and the hardware prefetchers stream fastest.
+// buf is reused scratch (any contents; resized and cleared here).
 template <class A, class Emit>
-void row_kernel(const attention_problem& p, const row_block& rb, index_t ks0, index_t ks1, Emit&& emit) {
+void row_kernel(const attention_problem& p, const row_block& rb, index_t ks0, index_t ks1, std::vector<float>& buf,
+                Emit&& emit) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     constexpr index_t BK = kRowBlockKeys;
     static_assert(BK % 4 == 0 && BK % W == 0, "row block must hold whole vectors");
     const index_t D = p.s.dim, Dv = p.s.dim_v, R = rb.rows(), RH = rb.rows_per_kv_head();
 
-    std::vector<float> buf(static_cast<std::size_t>(R * (D + Dv + BK)), 0.0f);
+    buf.assign(static_cast<std::size_t>(R * (D + Dv + BK)), 0.0f);
     std::vector<index_t> lo(static_cast<std::size_t>(R)), hi(static_cast<std::size_t>(R));
     std::vector<float> m(static_cast<std::size_t>(R), kNegInf), l(static_cast<std::size_t>(R), 0.0f);
     float* qs = buf.data();

@@ -13,8 +13,10 @@ namespace attnkit {
 namespace detail {
 
 // emit(r, o_row, lse) receives each row's output normalised over keys [ks0, ks1) and its lse.
+// buf is reused scratch (any contents; resized and cleared here).
 template <class A, class Emit>
-void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, index_t ks1, Emit&& emit) {
+void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, index_t ks1, std::vector<float>& buf,
+                 Emit&& emit) {
     using TT = tile_traits<A>;
     using V = simd::vfloat<A>;
     constexpr index_t RT = TT::kTileRows;
@@ -25,7 +27,7 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
     const index_t dv_pad = (Dv + MR - 1) / MR * MR;
 
     // One allocation per row block: Q^T and O^T panels, one S^T panel, K and V tiles, row state.
-    std::vector<float> buf(static_cast<std::size_t>(rows_pad * (D + dv_pad + 4) + BK * (RT + D + dv_pad) + Dv), 0.0f);
+    buf.assign(static_cast<std::size_t>(rows_pad * (D + dv_pad + 4) + BK * (RT + D + dv_pad) + Dv), 0.0f);
     float* qt = buf.data();
     float* ot = qt + rows_pad * D;
     float* st = ot + rows_pad * dv_pad;
