@@ -27,17 +27,19 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
     const index_t dv_pad = (Dv + MR - 1) / MR * MR;
 
     // One allocation per row block: Q^T and O^T panels, one S^T panel, K and V tiles, row state.
-    buf.assign(static_cast<std::size_t>(rows_pad * (D + dv_pad + 4) + BK * (RT + D + dv_pad) + Dv), 0.0f);
+    // K tile: MR spare rows, since a panel's key range may start inside the tile and the scores
+    // micro-kernel reads whole groups of MR keys.
+    buf.assign(static_cast<std::size_t>(rows_pad * (D + dv_pad + 4) + BK * (RT + dv_pad) + (BK + MR) * D + RT * Dv), 0.0f);
     float* qt = buf.data();
     float* ot = qt + rows_pad * D;
     float* st = ot + rows_pad * dv_pad;
     float* kp = st + BK * RT;
-    float* vp = kp + BK * D;
+    float* vp = kp + (BK + MR) * D;
     float* m = vp + BK * dv_pad;
     float* l = m + rows_pad;
     float* lo = l + rows_pad;
     float* hi = lo + rows_pad;
-    float* orow = hi + rows_pad;
+    float* orows = hi + rows_pad;
     std::fill(m, m + rows_pad, kNegInf);  // padded rows keep lo = hi = 0: nothing visible
 
     // Per panel: the smallest and largest first and last visible key of its rows. A key block is
@@ -91,26 +93,38 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
                     prefetch_rows(k_next, p.k.sl, a, z, D);
                     prefetch_rows(v_next, p.v.sl, a, z, Dv);
                 }
-                if (j1 <= min_lo[t] || j0 >= max_hi[t]) continue;
-                const bool masked = !(j0 >= max_lo[t] && j1 <= min_hi[t]);
+                // Only the keys some row of this panel sees: on the causal diagonal this trims
+                // the block to the panel's rows instead of computing scores to be masked.
+                const index_t jb = std::max(j0, min_lo[t]), je = std::min(j1, max_hi[t]), n = je - jb;
+                if (n <= 0) continue;
+                const bool masked = !(jb >= max_lo[t] && je <= min_hi[t]);
                 V alpha[TT::kNR], block_max[TT::kNR];
                 for (auto& x : block_max) x = V(kNegInf);
-                scores_panel<A>(kp, nk, qt + t * D * RT, D, st, block_max);
-                softmax_panel<A>(st, nk, j0, masked, lo + t * RT, hi + t * RT, p.tf, m + t * RT, l + t * RT,
+                scores_panel<A>(kp + (jb - j0) * D, n, qt + t * D * RT, D, st, block_max);
+                softmax_panel<A>(st, n, jb, masked, lo + t * RT, hi + t * RT, p.tf, m + t * RT, l + t * RT,
                                  block_max, alpha);
+                const float* vpj = vp + (jb - j0) * dv_pad;
                 if (masked && !v_finite)
-                    values_panel<A, true>(vp, dv_pad, nk, st, alpha, ot + t * dv_pad * RT);
+                    values_panel<A, true>(vpj, dv_pad, n, st, alpha, ot + t * dv_pad * RT);
                 else
-                    values_panel<A>(vp, dv_pad, nk, st, alpha, ot + t * dv_pad * RT);
+                    values_panel<A>(vpj, dv_pad, n, st, alpha, ot + t * dv_pad * RT);
             }
         }
     }
 
-    for (index_t r = 0; r < R; ++r) {
-        const float* src = ot + (r / RT) * dv_pad * RT + r % RT;
-        const float inv = row_inv_sum(l[r]);
-        for (index_t c = 0; c < Dv; ++c) orow[c] = src[c * RT] * inv;
-        emit(r, orow, row_lse(m[r], l[r]));
+    // Transpose each O^T panel back to rows in 16 x 16 tiles that stay in L1: walking a column
+    // of O^T touches a new cache line per element.
+    constexpr index_t kTile = 16;
+    for (index_t t = 0; t < n_panels; ++t) {
+        const index_t r0 = t * RT, nr = std::min(RT, R - r0);
+        const float* ot_t = ot + t * dv_pad * RT;
+        float inv[RT];
+        for (index_t i = 0; i < nr; ++i) inv[i] = row_inv_sum(l[r0 + i]);
+        for (index_t c0 = 0; c0 < Dv; c0 += kTile)
+            for (index_t i0 = 0; i0 < nr; i0 += kTile)
+                for (index_t i = i0; i < std::min(i0 + kTile, nr); ++i)
+                    for (index_t c = c0; c < std::min(c0 + kTile, Dv); ++c) orows[i * Dv + c] = ot_t[c * RT + i] * inv[i];
+        for (index_t i = 0; i < nr; ++i) emit(r0 + i, orows + i * Dv, row_lse(m[r0 + i], l[r0 + i]));
     }
 }
 
