@@ -86,6 +86,16 @@ TEST(view, from_tensor_map_and_map_of_const) {
     EXPECT_EQ(v.strides, ov.strides);
 }
 
+TEST(view, from_map_of_const_tensor) {
+    tensor4<float> t(2, 3, 4, 5);
+    std::iota(t.data(), t.data() + t.size(), 0.0f);
+    const Eigen::TensorMap<const tensor4<float>> map(t.data(), 2, 3, 4, 5);
+    const auto v = attnkit::detail::input_view<4>("q", map, "[B, Lq, H, D]");
+    EXPECT_EQ(v.data, t.data());
+    EXPECT_EQ(v(1, 2, 3, 4), t(1, 2, 3, 4));
+    EXPECT_EQ(v.strides[0], 3 * 4 * 5);
+}
+
 TEST(view, bhld_buffer_seen_as_bshd) {
     const index_t B = 2, H = 3, L = 5, D = 4;
     std::vector<float> buf(static_cast<std::size_t>(B * H * L * D));
@@ -148,6 +158,7 @@ TEST(view, rank_mismatch_names_the_argument) {
         EXPECT_NE(what.find("rank 4"), std::string::npos) << what;
         EXPECT_NE(what.find("rank 3"), std::string::npos) << what;
         EXPECT_NE(what.find("[B, Lq, H, D]"), std::string::npos) << what;
+        EXPECT_NE(what.find("[2, 3, 4]"), std::string::npos) << what;  // the actual shape
     }
     tensor4<float> t4(1, 1, 1, 1);
     EXPECT_THROW((void)attnkit::detail::output_view<3>("lse", t4, "[B, Lq, H]"),

@@ -67,6 +67,7 @@ struct view {
     }
 
     index_t dim(int i) const { return dims[i]; }
+    index_t dimension(int i) const { return dims[i]; }  // Eigen's spelling, for generic code
     index_t stride(int i) const { return strides[i]; }
     index_t size() const {
         index_t s = 1;
@@ -136,6 +137,14 @@ struct tensor_traits<Eigen::TensorMap<Eigen::Tensor<S, N, O, I>, MO, MP>> {
     using element = S;
 };
 
+template <class S, int N, int O, class I, int MO, template <class> class MP>
+struct tensor_traits<Eigen::TensorMap<const Eigen::Tensor<S, N, O, I>, MO, MP>> {
+    static constexpr bool kIsTensorish = true;
+    static constexpr bool kRowMajor = (O & Eigen::RowMajor) != 0;
+    static constexpr int kRank = N;
+    using element = const S;
+};
+
 template <class X>
 auto dims_of(const X& x) {
     constexpr int N = tensor_traits<std::decay_t<X>>::kRank;
@@ -147,9 +156,16 @@ auto dims_of(const X& x) {
 template <class X>
 using scalar_of = std::remove_const_t<typename tensor_traits<std::decay_t<X>>::element>;
 
-[[noreturn]] inline void throw_rank(const char* name, int expected, int actual, const char* layout) {
+template <class X>
+[[noreturn]] void throw_rank(const char* name, int expected, const X& x, const char* layout) {
+    constexpr int actual = tensor_traits<std::decay_t<X>>::kRank;
+    std::string shape = "[";
+    for (int i = 0; i < actual; ++i) {
+        if (i) shape += ", ";
+        shape += std::to_string(static_cast<index_t>(x.dimension(i)));
+    }
     throw std::invalid_argument(std::string("attnkit: ") + name + ": expected rank " + std::to_string(expected) +
-                                " " + layout + ", got rank " + std::to_string(actual));
+                                " " + layout + ", got rank " + std::to_string(actual) + " " + shape + "]");
 }
 
 // Public entry points are templates over views, Tensors and TensorMaps alike. The rank is
@@ -161,7 +177,7 @@ view<const scalar_of<X>, N> input_view(const char* name, const X& x, const char*
     static_assert(traits::kIsTensorish, "attnkit takes attnkit::view, Eigen::Tensor or Eigen::TensorMap");
     static_assert(traits::kRowMajor, "attnkit needs Eigen::RowMajor tensors (or an explicit attnkit::view)");
     if constexpr (traits::kRank != N) {
-        throw_rank(name, N, traits::kRank, layout);
+        throw_rank(name, N, x, layout);
     } else {
         using S = scalar_of<X>;
         if constexpr (std::is_same<std::decay_t<X>, view<const S, N>>::value ||
@@ -180,7 +196,7 @@ view<scalar_of<X>, N> output_view(const char* name, X&& x, const char* layout) {
     static_assert(traits::kRowMajor, "attnkit needs Eigen::RowMajor tensors (or an explicit attnkit::view)");
     static_assert(!std::is_const<typename traits::element>::value, "an output must have a mutable element type");
     if constexpr (traits::kRank != N) {
-        throw_rank(name, N, traits::kRank, layout);
+        throw_rank(name, N, x, layout);
     } else {
         using S = scalar_of<X>;
         if constexpr (std::is_same<std::decay_t<X>, view<S, N>>::value) {

@@ -48,7 +48,7 @@ forward_plan make_plan(const attention_shape& s) {
     forward_plan pl;
     const index_t G = s.group();
     pl.row_path = s.len_q * G <= kRowKernelMaxRows<A>;
-    pl.n_pos = pl.row_path ? s.len_q : std::max<index_t>(1, tile_traits<A>::kBlockRows / G);
+    pl.n_pos = pl.row_path ? s.len_q : std::max<index_t>(1, tile_traits<A>::block_rows(s.dim, s.dim_v) / G);
     pl.n_qblocks = (s.len_q + pl.n_pos - 1) / pl.n_pos;
     pl.n_items = s.batch * (pl.row_path ? 1 : s.heads_k) * pl.n_qblocks;
     if (pl.n_items < kTargetWorkItems && s.len_k >= 2 * kMinSplitKeys) {

@@ -25,10 +25,18 @@ struct tile_traits {
     // Rows per micro tile: the unit of the packed Q^T, S^T and O^T panels.
     static constexpr index_t kTileRows = kNR * kLanes;
     // Rows per block: every K/V tile copied into the block's buffers is reused by all its rows,
-    // so 256 rows make the copy a few percent of the FMAs; Q^T and O^T of 256 rows (128 KiB each
-    // at D = 128) still sit in L2 beside the tiles. Panels that see none of a key block skip it,
-    // so large blocks waste nothing on the causal diagonal beyond one panel's rows.
-    static constexpr index_t kBlockRows = ((256 + kTileRows - 1) / kTileRows) * kTileRows;
+    // so more rows make the copy cheaper, while the block's Q^T and O^T panels ((D + Dv) floats
+    // per row) must stay in L2 beside the K/V tiles streaming through: kBlockPanelBytes of them,
+    // half of a 512 KiB L2. That is 256 rows at D = Dv = 128, 512 at 64, 128 at 256. Panels that
+    // see none of a key block skip it, so large blocks cost nothing extra on a causal diagonal.
+    static constexpr index_t kBlockPanelBytes = 256 * 1024;
+    static constexpr index_t kMinBlockRows = 4 * kTileRows;
+    static constexpr index_t kMaxBlockRows = 512;
+    static index_t block_rows(index_t dim, index_t dim_v) {
+        const index_t rows = kBlockPanelBytes / (static_cast<index_t>(sizeof(float)) * (dim + dim_v));
+        const index_t clamped = rows < kMinBlockRows ? kMinBlockRows : (rows > kMaxBlockRows ? kMaxBlockRows : rows);
+        return clamped / kTileRows * kTileRows;
+    }
     // Keys per block: a multiple of kMR; 96 amortises the per-block softmax bookkeeping (max,
     // rescale) over many keys while one panel's S^T (96 x kTileRows floats, 6 KiB) stays in L1.
     static constexpr index_t kBlockKeys = kMR * (96 / kMR);
