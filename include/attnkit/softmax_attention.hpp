@@ -45,21 +45,15 @@ void softmax_attention_impl(const view<const T, 4>& q, const view<const T, 4>& k
 
 template <class Q, class K, class V, class O>
 void softmax_attention(const Q& q, const K& k, const V& v, O&& out, const softmax_options& opts = {}) {
-    const auto out_v = detail::output_view<4>("out", out, "[B, Lq, H, Dv]");
-    detail::softmax_attention_impl<simd::default_arch>(detail::input_view<4>("q", q, "[B, Lq, H, D]"),
-                                                       detail::input_view<4>("k", k, "[B, Lk, Hk, D]"),
-                                                       detail::input_view<4>("v", v, "[B, Lk, Hk, Dv]"), out_v,
-                                                       nullptr, opts);
+    detail::softmax_attention_impl<simd::default_arch>(detail::q_view(q), detail::k_view(k), detail::v_view(v),
+                                                       detail::out_view(out), nullptr, opts);
 }
 
 template <class Q, class K, class V, class O, class L, std::enable_if_t<detail::kIsTensorArg<L>, int> = 0>
 void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse, const softmax_options& opts = {}) {
-    const auto out_v = detail::output_view<4>("out", out, "[B, Lq, H, Dv]");
-    const auto lse_v = detail::output_view<3>("lse", lse, "[B, Lq, H]");
-    detail::softmax_attention_impl<simd::default_arch>(detail::input_view<4>("q", q, "[B, Lq, H, D]"),
-                                                       detail::input_view<4>("k", k, "[B, Lk, Hk, D]"),
-                                                       detail::input_view<4>("v", v, "[B, Lk, Hk, Dv]"), out_v,
-                                                       &lse_v, opts);
+    const auto lse_v = detail::lse_view(lse);
+    detail::softmax_attention_impl<simd::default_arch>(detail::q_view(q), detail::k_view(k), detail::v_view(v),
+                                                       detail::out_view(out), &lse_v, opts);
 }
 
 // Exact merge of two attention results over disjoint key sets (split-KV decode, ring attention):
@@ -71,8 +65,8 @@ void merge_partials(const OA& out_a, const LA& lse_a, const OB& out_b, const LB&
     const auto la = detail::input_view<3>("lse_a", lse_a, "[B, Lq, H]");
     const auto ob = detail::input_view<4>("out_b", out_b, "[B, Lq, H, Dv]");
     const auto lb = detail::input_view<3>("lse_b", lse_b, "[B, Lq, H]");
-    const auto o = detail::output_view<4>("out", out, "[B, Lq, H, Dv]");
-    const auto l = detail::output_view<3>("lse", lse, "[B, Lq, H]");
+    const auto o = detail::out_view(out);
+    const auto l = detail::lse_view(lse);
     static_assert(std::is_same<typename decltype(o)::value_type, float>::value, "merge_partials: float outputs");
     detail::attention_shape s{oa.dims[0], oa.dims[1], 0, oa.dims[2], oa.dims[2], 1, oa.dims[3]};
     detail::check_out("out_a", oa, s);

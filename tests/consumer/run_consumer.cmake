@@ -2,7 +2,7 @@
 #
 # MODE=install          install attnkit's build tree into PREFIX (fresh)
 # MODE=find_package     configure, build and run find_package/ against PREFIX
-# MODE=pkg_config       compile find_package/main.cpp with `pkg-config --cflags --libs attnkit`
+# MODE=pkg_config       compile main.cpp with `pkg-config --cflags --libs attnkit`
 #                       against PREFIX and run it
 # MODE=add_subdirectory configure, build and run add_subdirectory/ on ATTNKIT_SOURCE_DIR
 # MODE=fetchcontent     the same through FetchContent
@@ -125,7 +125,7 @@ elseif(MODE STREQUAL "pkg_config")
     file(REMOVE_RECURSE "${_build}")
     file(MAKE_DIRECTORY "${_build}")
     run("${CMAKE_CXX_COMPILER}" -std=c++17 -O1 ${_cflags}
-        "${CONSUMER_DIR}/find_package/main.cpp" -o "${_build}/consumer" ${_libs})
+        "${CONSUMER_DIR}/main.cpp" -o "${_build}/consumer" ${_libs})
     run("${_build}/consumer")
 
 else()

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnkit/options.hpp"
@@ -83,6 +84,19 @@ void check_lse(const char* name, const view<TL, 3>& lse, const attention_shape& 
     check_layout(name, lse);
     check_shape(name, lse, {s.batch, s.len_q, s.heads}, "[B, Lq, H]");
 }
+
+// The arguments of an attention entry point as views, named for error messages. Every entry
+// point (kernels and oracles) converts through these, so names and layouts read the same.
+template <class X>
+auto q_view(const X& x) { return input_view<4>("q", x, "[B, Lq, H, D]"); }
+template <class X>
+auto k_view(const X& x) { return input_view<4>("k", x, "[B, Lk, Hk, D]"); }
+template <class X>
+auto v_view(const X& x) { return input_view<4>("v", x, "[B, Lk, Hk, Dv]"); }
+template <class X>
+auto out_view(X&& x) { return output_view<4>("out", std::forward<X>(x), "[B, Lq, H, Dv]"); }
+template <class X>
+auto lse_view(X&& x) { return output_view<3>("lse", std::forward<X>(x), "[B, Lq, H]"); }
 
 inline void check_scale(float scale) {
     if (!std::isfinite(scale) || scale < 0.0f)

@@ -162,10 +162,10 @@ using enable_if_tensorish =
 template <class Q, class K, class V, class O>
 void softmax_attention(const Q& q, const K& k, const V& v, O&& out,
                        const softmax_options& opts = {}) {
-    const auto qv = attnkit::detail::input_view<4>("q", q, "[B, Lq, H, D]");
-    const auto kv = attnkit::detail::input_view<4>("k", k, "[B, Lk, Hk, D]");
-    const auto vv = attnkit::detail::input_view<4>("v", v, "[B, Lk, Hk, Dv]");
-    const auto ov = attnkit::detail::output_view<4>("out", std::forward<O>(out), "[B, Lq, H, Dv]");
+    const auto qv = attnkit::detail::q_view(q);
+    const auto kv = attnkit::detail::k_view(k);
+    const auto vv = attnkit::detail::v_view(v);
+    const auto ov = attnkit::detail::out_view(std::forward<O>(out));
     using TL = float;
     softmax_impl::run(qv, kv, vv, ov, static_cast<const view<TL, 3>*>(nullptr), nullptr, opts);
 }
@@ -174,11 +174,11 @@ void softmax_attention(const Q& q, const K& k, const V& v, O&& out,
 template <class Q, class K, class V, class O, class L, softmax_impl::enable_if_tensorish<L> = 0>
 void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse,
                        const softmax_options& opts = {}) {
-    const auto qv = attnkit::detail::input_view<4>("q", q, "[B, Lq, H, D]");
-    const auto kv = attnkit::detail::input_view<4>("k", k, "[B, Lk, Hk, D]");
-    const auto vv = attnkit::detail::input_view<4>("v", v, "[B, Lk, Hk, Dv]");
-    const auto ov = attnkit::detail::output_view<4>("out", std::forward<O>(out), "[B, Lq, H, Dv]");
-    const auto lv = attnkit::detail::output_view<3>("lse", std::forward<L>(lse), "[B, Lq, H]");
+    const auto qv = attnkit::detail::q_view(q);
+    const auto kv = attnkit::detail::k_view(k);
+    const auto vv = attnkit::detail::v_view(v);
+    const auto ov = attnkit::detail::out_view(std::forward<O>(out));
+    const auto lv = attnkit::detail::lse_view(std::forward<L>(lse));
     softmax_impl::run(qv, kv, vv, ov, &lv, nullptr, opts);
 }
 
@@ -188,11 +188,11 @@ template <class Q, class K, class V, class O, class L, softmax_impl::enable_if_t
 void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse,
                        Eigen::Tensor<double, 4, Eigen::RowMajor>& weights,
                        const softmax_options& opts = {}) {
-    const auto qv = attnkit::detail::input_view<4>("q", q, "[B, Lq, H, D]");
-    const auto kv = attnkit::detail::input_view<4>("k", k, "[B, Lk, Hk, D]");
-    const auto vv = attnkit::detail::input_view<4>("v", v, "[B, Lk, Hk, Dv]");
-    const auto ov = attnkit::detail::output_view<4>("out", std::forward<O>(out), "[B, Lq, H, Dv]");
-    const auto lv = attnkit::detail::output_view<3>("lse", std::forward<L>(lse), "[B, Lq, H]");
+    const auto qv = attnkit::detail::q_view(q);
+    const auto kv = attnkit::detail::k_view(k);
+    const auto vv = attnkit::detail::v_view(v);
+    const auto ov = attnkit::detail::out_view(std::forward<O>(out));
+    const auto lv = attnkit::detail::lse_view(std::forward<L>(lse));
     softmax_impl::run(qv, kv, vv, ov, &lv, &weights, opts);
 }
 
