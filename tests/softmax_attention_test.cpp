@@ -1281,4 +1281,64 @@ TEST(softmax_attention, inf_in_a_key_row_leaves_other_rows_alone) {
         }
 }
 
+// A NaN value row of a key the row does see propagates even when that key's weight rounds to 0
+// in float (its score far below the row's max): the reference computes 0 * NaN = NaN as well.
+// Lq = 1 takes the row kernel, Lq = 40 the tile kernel (both partially masked and full panels).
+TEST(softmax_attention, nan_value_of_a_visible_key_propagates_at_zero_weight) {
+    for (index_t Lq : {1, 40}) {
+        SCOPED_TRACE(::testing::Message() << "Lq " << Lq);
+        const index_t Lk = 50, D = 4;
+        tensor4<float> q = make_bshd<float>(1, Lq, 1, D, 0.0f);
+        tensor4<float> k = make_bshd<float>(1, Lk, 1, D, 0.0f);
+        tensor4<float> v = random_bshd(1, Lk, 1, D, distribution::uniform, 501);
+        for (index_t i = 0; i < Lq; ++i) q(0, i, 0, 0) = 20.0f;
+        k(0, 0, 0, 0) = -20.0f;  // key 0 scores -200 below the others: exp underflows in float
+        v(0, 0, 0, 1) = kNaN;
+        softmax_options o;
+        o.causal = true;
+        const fast_result f = run_fast(q, k, v, o);
+        const ref_result r = run_reference(q, k, v, o);
+        for (index_t i = 0; i < Lq; ++i) {
+            EXPECT_TRUE(std::isnan(r.out(0, i, 0, 1))) << "reference, row " << i;
+            EXPECT_TRUE(std::isnan(f.out(0, i, 0, 1))) << "row " << i << " sees key 0";
+            EXPECT_FALSE(std::isnan(f.out(0, i, 0, 0))) << "row " << i << ", other columns stay finite";
+        }
+    }
+}
+
+// Windows and chunks longer than every position behave as "unlimited", whatever their value.
+TEST(softmax_attention, huge_window_and_chunk_mean_unlimited) {
+    const auto q = random_bshd(1, 9, 2, 8, distribution::gaussian, 511);
+    const auto k = random_bshd(1, 5, 2, 8, distribution::gaussian, 512);
+    const auto v = random_bshd(1, 5, 2, 8, distribution::gaussian, 513);
+    softmax_options plain;
+    const fast_result expected = run_fast(q, k, v, plain);
+    softmax_options wide;
+    wide.window_left = std::numeric_limits<std::int64_t>::max();
+    const fast_result got = run_fast(q, k, v, wide);
+    EXPECT_TRUE(all_close(got.out, expected.out, 0.0, 0.0));
+    const ref_result ref = run_reference(q, k, v, wide);
+    EXPECT_TRUE(all_close(got.out, ref.out, 1e-5, 1e-5));
+
+    softmax_options causal;
+    causal.causal = true;
+    softmax_options chunked = causal;
+    chunked.chunk = std::numeric_limits<std::int64_t>::max();
+    EXPECT_TRUE(all_close(run_fast(q, k, v, chunked).out, run_fast(q, k, v, causal).out, 0.0, 0.0));
+}
+
+// Option values that pass a naive range check but would overflow inside the kernel.
+TEST(softmax_attention, rejects_subnormal_softcap_and_huge_scale) {
+    const auto q = random_bshd(1, 3, 1, 4, distribution::gaussian, 521);
+    const auto k = random_bshd(1, 3, 1, 4, distribution::gaussian, 522);
+    auto out = make_bshd<float>(1, 3, 1, 4, 7.0f);
+    softmax_options o;
+    o.softcap = 1e-40f;
+    EXPECT_THROW(attnkit::softmax_attention(q, k, k, out, o), std::invalid_argument);
+    o = {};
+    o.scale = 3e38f;
+    EXPECT_THROW(attnkit::softmax_attention(q, k, k, out, o), std::invalid_argument);
+    EXPECT_TRUE(all_equal_to(out, 7.0f));
+}
+
 }  // namespace

@@ -4,6 +4,7 @@
 // heads sharing a key/value head run against the same K/V rows (GQA by index, never by copy).
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "attnkit/detail/check.hpp"
@@ -70,19 +71,21 @@ attention_problem make_problem(const view<const T, 4>& q, const view<const T, 4>
     p.tf.softcap = o.softcap > 0.0f ? o.softcap : 0.0f;
     p.q_scale = p.tf.softcap > 0.0f ? scale : scale * simd::kLog2e;
     p.causal = o.causal || o.chunk > 0;  // chunked local attention is causal within its chunk
-    p.window = o.window_left;
-    p.chunk = o.chunk;
+    // A window or chunk longer than every position and key changes nothing; clamping keeps the
+    // position arithmetic of mask.hpp far from overflow for any value the options accept.
+    const index_t span = s.len_q + s.len_k + 1;
+    p.window = o.window_left < 0 ? -1 : std::min<index_t>(o.window_left, span);
+    p.chunk = o.chunk <= 0 ? 0 : std::min<index_t>(o.chunk, span);
     p.key_lengths = o.key_lengths.empty() ? nullptr : o.key_lengths.data();
     return p;
 }
 
-// Keys [lo, hi) a row block may see at all, clipped to [ks0, ks1).
-inline void block_key_range(const mask_params& mp, const row_block& rb, index_t ks0, index_t ks1, index_t& lo,
-                            index_t& hi) {
-    mp.key_range(rb.i0 + mp.offset, rb.i0 + rb.n_pos - 1 + mp.offset, lo, hi);
-    lo = std::max(lo, ks0);
-    hi = std::min(hi, ks1);
-    if (hi < lo) hi = lo;
+// Keys [lo, hi) that a query at position `pos` sees, clipped to the piece [ks0, ks1) of the
+// keys a work item covers; lo == hi when it sees none of them.
+inline void row_interval(const mask_params& mp, index_t pos, index_t ks0, index_t ks1, index_t& lo, index_t& hi) {
+    mp.interval(pos + mp.offset, lo, hi);
+    lo = std::min(std::max(lo, ks0), ks1);
+    hi = std::max(lo, std::min(hi, ks1));
 }
 
 }  // namespace detail

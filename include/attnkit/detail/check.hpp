@@ -17,17 +17,6 @@ namespace detail {
 
 [[noreturn]] inline void fail(const std::string& what) { throw std::invalid_argument("attnkit: " + what); }
 
-inline std::string dims_string(std::initializer_list<index_t> d) {
-    std::string s = "[";
-    bool first = true;
-    for (index_t x : d) {
-        if (!first) s += ", ";
-        s += std::to_string(x);
-        first = false;
-    }
-    return s + "]";
-}
-
 // Kernels stream rows, so the innermost dimension must be contiguous; other strides are free
 // (that is what lets [B,H,L,D] and fused QKV buffers through without copies).
 template <class T, int N>
@@ -99,8 +88,10 @@ template <class X>
 auto lse_view(X&& x) { return output_view<3>("lse", std::forward<X>(x), "[B, Lq, H]"); }
 
 inline void check_scale(float scale) {
-    if (!std::isfinite(scale) || scale < 0.0f)
-        fail("opts.scale: expected 0 (default 1/sqrt(D)) or a finite value > 0, got " + std::to_string(scale));
+    // Kernels fold scale * log2(e) into the queries: that product must stay finite.
+    if (!std::isfinite(scale) || scale < 0.0f || !std::isfinite(scale * 1.4426950408889634f))
+        fail("opts.scale: expected 0 (default 1/sqrt(D)) or a finite value > 0 below 2.3e38, got " +
+             std::to_string(scale));
 }
 
 inline void check_options(const softmax_options& o, const attention_shape& s) {
@@ -110,6 +101,9 @@ inline void check_options(const softmax_options& o, const attention_shape& s) {
     if (o.chunk < 0) fail("opts.chunk: expected 0 (off) or > 0, got " + std::to_string(o.chunk));
     if (std::isnan(o.softcap)) fail("opts.softcap: expected a number (<= 0 is off), got NaN");
     if (std::isinf(o.softcap)) fail("opts.softcap: expected a finite value, got " + std::to_string(o.softcap));
+    // s / softcap is computed as s * (1 / softcap): a subnormal cap would make that infinite.
+    if (o.softcap > 0.0f && !std::isfinite(1.0f / o.softcap))
+        fail("opts.softcap: expected <= 0 (off) or a normal value > 0, got " + std::to_string(o.softcap));
     if (!o.key_lengths.empty()) {
         if (static_cast<index_t>(o.key_lengths.size()) != s.batch)
             fail("opts.key_lengths: expected one per batch item, B = " + std::to_string(s.batch) + ", got " +

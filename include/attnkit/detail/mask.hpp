@@ -1,8 +1,8 @@
-// Masks as block ranges. Every mask of softmax_options is a predicate on (query position p, key j)
-// with p = i + (Lk - Lq) (bottom-right alignment); the visible set is the intersection of the
-// masks that are on. Kernels never build a mask tensor: for a block of query positions they ask
-// for the key range that can be visible at all, and for each key block whether it is fully
-// visible (no per-element test), partially visible, or (outside the range) skipped.
+// Masks as key ranges. Every mask of softmax_options is a predicate on (query position p, key j)
+// with p = i + (Lk - Lq) (bottom-right alignment), and each one keeps an interval of keys, so
+// the visible set of a position is one interval too. Kernels never build a mask tensor: from the
+// rows' intervals they derive which key blocks a panel of rows skips, runs without mask tests
+// (every row sees every key) or runs with per-element tests.
 #pragma once
 
 #include <algorithm>
@@ -11,8 +11,6 @@
 
 namespace attnkit {
 namespace detail {
-
-enum class block_kind { full, partial, empty };
 
 struct mask_params {
     index_t offset = 0;       // Lk - Lq: position of query i is i + offset
@@ -23,14 +21,6 @@ struct mask_params {
 
     static index_t floor_div(index_t a, index_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
     index_t chunk_begin(index_t p) const { return floor_div(p, chunk) * chunk; }
-
-    bool visible(index_t p, index_t j) const {
-        if (j >= key_len || j < 0) return false;
-        if (causal && j > p) return false;
-        if (window >= 0 && j < p - window) return false;
-        if (chunk > 0 && (j < chunk_begin(p) || j >= chunk_begin(p) + chunk)) return false;
-        return true;
-    }
 
     // Keys [lo, hi) that any position in [p0, p1] may see; empty when hi <= lo.
     void key_range(index_t p0, index_t p1, index_t& lo, index_t& hi) const {
@@ -47,23 +37,6 @@ struct mask_params {
 
     // Keys [lo, hi) that position p sees: every mask is an interval, so their intersection is one.
     void interval(index_t p, index_t& lo, index_t& hi) const { key_range(p, p, lo, hi); }
-
-    // Keys [j0, j1) against positions [p0, p1] (both non-empty).
-    block_kind classify(index_t p0, index_t p1, index_t j0, index_t j1) const {
-        index_t lo, hi;
-        key_range(p0, p1, lo, hi);
-        if (j1 <= lo || j0 >= hi) return block_kind::empty;
-        // Full when every position sees every key: intersect the per-position ranges instead.
-        index_t flo = 0, fhi = key_len;
-        if (causal) fhi = std::min(fhi, p0 + 1);
-        if (window >= 0) flo = std::max(flo, p1 - window);
-        if (chunk > 0) {
-            if (chunk_begin(p0) != chunk_begin(p1)) return block_kind::partial;
-            flo = std::max(flo, chunk_begin(p0));
-            fhi = std::min(fhi, chunk_begin(p0) + chunk);
-        }
-        return (j0 >= flo && j1 <= fhi) ? block_kind::full : block_kind::partial;
-    }
 };
 
 }  // namespace detail

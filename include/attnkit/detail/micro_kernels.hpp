@@ -86,13 +86,15 @@ ATTNKIT_NOINLINE void scores_panel(const float* kp, index_t n_keys, const float*
     for (index_t j = 0; j < n_keys; j += MR) scores_tile<A>(kp + j * dim, qt, dim, st + j * RT, n_keys - j, mx);
 }
 
-// kGuardZeros: a masked row has p = 0 for a key it must not see, and 0 * inf = NaN would carry
-// a non-finite value of that key into it; the guarded form adds nothing where p = 0. Only
-// partially masked panels over a tile with non-finite values need it.
-template <class A, bool kGuardZeros>
+// kGuardMasked: a masked row has p = 0 for a key it must not see, and 0 * inf = NaN would carry
+// a non-finite value of that key into it; the guarded form skips the keys outside each row's
+// [lo, hi) (visible keys still contribute at weight 0, as in the reference). Only partially
+// masked panels over a tile with non-finite values need it.
+template <class A, bool kGuardMasked>
 ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t ld, index_t n_keys,
                                        const float* ATTNKIT_RESTRICT pt, const simd::vfloat<A>* alpha,
-                                       float* ATTNKIT_RESTRICT ot) {
+                                       float* ATTNKIT_RESTRICT ot, index_t j0, const simd::vfloat<A>* lo,
+                                       const simd::vfloat<A>* hi) {
     using V = simd::vfloat<A>;
     constexpr int kNR = tile_traits<A>::kNR;
     constexpr int MC = tile_traits<A>::kMR;
@@ -104,11 +106,13 @@ ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t
     for (index_t j = 0; j < n_keys; ++j) {
         V pv[kNR];
         for (int n = 0; n < kNR; ++n) pv[n] = simd::loadu<A>(pt + j * RT + n * W);
+        const V jf(static_cast<float>(j0 + j));
         for (int c = 0; c < MC; ++c) {
             const V vb(vp[j * ld + c]);
             for (int n = 0; n < kNR; ++n) {
-                if constexpr (kGuardZeros)
-                    acc[c][n] = simd::select(pv[n] == V(0.0f), acc[c][n], simd::fma(vb, pv[n], acc[c][n]));
+                if constexpr (kGuardMasked)
+                    acc[c][n] = simd::select(jf < lo[n], acc[c][n],
+                                             simd::select(jf >= hi[n], acc[c][n], simd::fma(vb, pv[n], acc[c][n])));
                 else
                     acc[c][n] = simd::fma(vb, pv[n], acc[c][n]);
             }
@@ -120,12 +124,24 @@ ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t
 
 // All value columns of a dense V tile [n_keys][ld] against one row panel; ld (a multiple of
 // kMR) is the padded Dv, and columns past Dv are zero in the tile.
-template <class A, bool kGuardZeros = false>
+// With kGuardMasked, j0 is the first key of the tile and lo/hi hold the panel's rows' visible
+// key intervals (as floats, like softmax_panel's).
+template <class A, bool kGuardMasked = false>
 ATTNKIT_NOINLINE void values_panel(const float* vp, index_t ld, index_t n_keys, const float* pt,
-                                   const simd::vfloat<A>* alpha, float* ot) {
+                                   const simd::vfloat<A>* alpha, float* ot, index_t j0 = 0,
+                                   const float* lo = nullptr, const float* hi = nullptr) {
+    using V = simd::vfloat<A>;
+    constexpr int kNR = tile_traits<A>::kNR;
     constexpr int MC = tile_traits<A>::kMR;
+    constexpr index_t W = tile_traits<A>::kLanes;
     constexpr index_t RT = tile_traits<A>::kTileRows;
-    for (index_t c = 0; c < ld; c += MC) values_tile<A, kGuardZeros>(vp + c, ld, n_keys, pt, alpha, ot + c * RT);
+    V lov[kNR], hiv[kNR];
+    for (int n = 0; n < kNR; ++n) {
+        lov[n] = kGuardMasked ? simd::loadu<A>(lo + n * W) : V(0.0f);
+        hiv[n] = kGuardMasked ? simd::loadu<A>(hi + n * W) : V(0.0f);
+    }
+    for (index_t c = 0; c < ld; c += MC)
+        values_tile<A, kGuardMasked>(vp + c, ld, n_keys, pt, alpha, ot + c * RT, j0, lov, hiv);
 }
 
 }  // namespace detail

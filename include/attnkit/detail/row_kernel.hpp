@@ -86,9 +86,7 @@ void row_kernel(const attention_problem& p, const row_block& rb, index_t ks0, in
     for (index_t r = 0; r < R; ++r) {
         const float* qr = p.q.row(rb.b, rb.pos(r), rb.head(r));
         for (index_t d = 0; d < D; ++d) qs[r * D + d] = qr[d] * p.q_scale;
-        mp.interval(rb.pos(r) + mp.offset, lo[r], hi[r]);
-        lo[r] = std::max(lo[r], ks0);
-        hi[r] = std::max(lo[r], std::min(hi[r], ks1));
+        row_interval(mp, rb.pos(r), ks0, ks1, lo[r], hi[r]);
         if (lo[r] < hi[r]) {
             min_lo = std::min(min_lo, lo[r]);
             max_hi = std::max(max_hi, hi[r]);
@@ -145,14 +143,14 @@ void row_kernel(const attention_problem& p, const row_block& rb, index_t ks0, in
                 for (index_t c = 0; c < Dv; ++c) o[r * Dv + c] *= alpha;
         }
 
-        // Values, key by key across heads: V is read front to back like K.
+        // Values, key by key across heads: V is read front to back like K. Keys a row does not
+        // see are skipped rather than weighted by 0, so that a NaN or Inf in their value rows
+        // (0 * Inf = NaN) stays out of it; a visible key always contributes, even at weight 0.
         for (index_t j = 0; j < nk; ++j)
             for (index_t h = 0; h < rb.n_hk; ++h) {
                 const float* vr = v0 + (j0 + j) * p.v.sl + h * p.v.sh;
-                for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
-                    const float pj = sc[r * BK + j];
-                    if (active(r) && pj != 0.0f) axpy<A>(o + r * Dv, pj, vr, Dv);
-                }
+                for (index_t r = h * RH; r < (h + 1) * RH; ++r)
+                    if (j0 + j >= lo[r] && j0 + j < hi[r]) axpy<A>(o + r * Dv, sc[r * BK + j], vr, Dv);
             }
     }
 

@@ -61,15 +61,17 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
         float* dst = qt + t * D * RT + r % RT;
         for (index_t d = 0; d < D; ++d) dst[d * RT] = qr[d] * p.q_scale;
         index_t a, z;
-        mp.interval(rb.pos(r) + mp.offset, a, z);
-        a = std::max(a, ks0);
-        z = std::max(a, std::min(z, ks1));
+        row_interval(mp, rb.pos(r), ks0, ks1, a, z);
         lo[r] = static_cast<float>(a);
         hi[r] = static_cast<float>(z);
-        min_lo[t] = std::min(min_lo[t], a);
+        // Every real row decides whether a block is fully visible (a row that sees nothing
+        // forces the masked path); only rows that see keys widen the range to compute.
         max_lo[t] = std::max(max_lo[t], a);
         min_hi[t] = std::min(min_hi[t], z);
-        max_hi[t] = std::max(max_hi[t], z);
+        if (a < z) {
+            min_lo[t] = std::min(min_lo[t], a);
+            max_hi[t] = std::max(max_hi[t], z);
+        }
     }
     const index_t k_lo = *std::min_element(min_lo, min_lo + n_panels);
     const index_t k_hi = *std::max_element(max_hi, max_hi + n_panels);
@@ -85,13 +87,11 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
             copy_rows(kb0 + j0 * p.k.sl, p.k.sl, nk, D, D, kp);
             copy_rows(vb0 + j0 * p.v.sl, p.v.sl, nk, Dv, dv_pad, vp);
             const bool v_finite = all_finite<A>(vp, nk * dv_pad);
-            const float* k_next = kb0 + (j0 - BK) * p.k.sl;
-            const float* v_next = vb0 + (j0 - BK) * p.v.sl;
             for (index_t t = 0; t < n_panels; ++t) {
                 if (bi > 0) {
                     const index_t a = t * BK / n_panels, z = (t + 1) * BK / n_panels;
-                    prefetch_rows(k_next, p.k.sl, a, z, D);
-                    prefetch_rows(v_next, p.v.sl, a, z, Dv);
+                    prefetch_rows(kb0 + (j0 - BK) * p.k.sl, p.k.sl, a, z, D);
+                    prefetch_rows(vb0 + (j0 - BK) * p.v.sl, p.v.sl, a, z, Dv);
                 }
                 // Only the keys some row of this panel sees: on the causal diagonal this trims
                 // the block to the panel's rows instead of computing scores to be masked.
@@ -105,7 +105,8 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
                                  block_max, alpha);
                 const float* vpj = vp + (jb - j0) * dv_pad;
                 if (masked && !v_finite)
-                    values_panel<A, true>(vpj, dv_pad, n, st, alpha, ot + t * dv_pad * RT);
+                    values_panel<A, true>(vpj, dv_pad, n, st, alpha, ot + t * dv_pad * RT, jb, lo + t * RT,
+                                          hi + t * RT);
                 else
                     values_panel<A>(vpj, dv_pad, n, st, alpha, ot + t * dv_pad * RT);
             }

@@ -2,8 +2,9 @@
 //
 // The kernels put query rows in SIMD lanes and keys in registers (S^T = K Q^T): row statistics of
 // the online softmax (max, sum, rescale) are then lane-wise vector operations with no horizontal
-// reduction, K and V are broadcast straight from the caller's memory (no packing or transposing
-// of K/V tiles), and only Q (once per query block) and the output (once per block) are transposed.
+// reduction, and K and V elements are broadcast from dense row-major copies of their tiles (no
+// transposing of K/V); only Q (once per query block) and the output (once per block) are
+// transposed.
 #pragma once
 
 #include "attnkit/simd/simd.hpp"
@@ -55,7 +56,7 @@ constexpr index_t kRowBlockKeys = 64;
 // per row and piece). Both depend only on the shapes, never on the thread count, so results are
 // bitwise identical for any pool.
 constexpr index_t kTargetWorkItems = 64;
-constexpr index_t kMinSplitKeys = 512;
+constexpr index_t kMinSplitKeys = 256;
 
 }  // namespace detail
 }  // namespace attnkit

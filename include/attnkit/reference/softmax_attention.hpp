@@ -65,7 +65,7 @@ inline bool key_visible(const softmax_options& o, index_t p, index_t j, index_t 
     if (j >= len) return false;
     const bool causal = o.causal || o.chunk > 0;  // chunked local attention is causal
     if (causal && j > p) return false;
-    if (o.window_left >= 0 && j < p - o.window_left) return false;
+    if (o.window_left >= 0 && p - j > o.window_left) return false;  // no overflow for any window
     if (o.chunk > 0) {
         const index_t start = o.chunk * floor_div(p, o.chunk);
         if (j < start || j >= start + o.chunk) return false;
