@@ -32,22 +32,17 @@ bool sanitized() {
 #endif
 }
 
-// Peak resident set size in KiB, or -1 where /proc does not have it.
-long peak_rss_kib() {
+// A "VmHWM:" (peak) or "VmRSS:" (current) line of /proc/self/status in KiB, or -1.
+long proc_status_kib(const char* field) {
     std::ifstream status("/proc/self/status");
     std::string line;
+    const std::string key(field);
     while (std::getline(status, line))
-        if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+        if (line.rfind(key, 0) == 0) return std::stol(line.substr(key.size()));
     return -1;
 }
-
-long current_rss_kib() {
-    std::ifstream status("/proc/self/status");
-    std::string line;
-    while (std::getline(status, line))
-        if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-    return -1;
-}
+long peak_rss_kib() { return proc_status_kib("VmHWM:"); }
+long current_rss_kib() { return proc_status_kib("VmRSS:"); }
 
 bool reset_peak_rss() {
     std::ofstream clear("/proc/self/clear_refs");
