@@ -37,11 +37,8 @@ struct result {
 
 template <class Q, class K, class V>
 result run(const Q& q, const K& k, const V& v, const softmax_options& o) {
-    const auto qv = as_view(q);
-    const auto vv = as_view(v);
-    result r;
-    r.out = make_bshd<double>(qv.dims[0], qv.dims[1], qv.dims[2], vv.dims[3], kSentinel);
-    r.lse = make_lse<double>(qv.dims[0], qv.dims[1], qv.dims[2], kSentinel);
+    attention_outputs<double> io = outputs_for<double>(q, v, kSentinel);
+    result r{std::move(io.out), std::move(io.lse), {}};
     ref::softmax_attention(q, k, v, r.out, r.lse, r.w, o);
     return r;
 }

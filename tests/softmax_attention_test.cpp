@@ -71,35 +71,20 @@ constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
 
 // ---- helpers -------------------------------------------------------------------------------
 
-struct fast_result {
-    tensor4<float> out;
-    tensor3<float> lse;
-};
-
-struct ref_result {
-    tensor4<double> out;
-    tensor3<double> lse;
-};
+using fast_result = attention_outputs<float>;
+using ref_result = attention_outputs<double>;
 
 template <class Q, class K, class V>
 fast_result run_fast(const Q& q, const K& k, const V& v, const softmax_options& o) {
-    const auto qv = as_view(q);
-    const auto vv = as_view(v);
-    fast_result r;
     // NaN sentinels: an element the kernel forgets to write fails every comparison.
-    r.out = make_bshd<float>(qv.dims[0], qv.dims[1], qv.dims[2], vv.dims[3], kNaN);
-    r.lse = make_lse<float>(qv.dims[0], qv.dims[1], qv.dims[2], kNaN);
+    fast_result r = outputs_for<float>(q, v, kNaN);
     attnkit::softmax_attention(q, k, v, r.out, r.lse, o);
     return r;
 }
 
 template <class Q, class K, class V>
 ref_result run_reference(const Q& q, const K& k, const V& v, const softmax_options& o) {
-    const auto qv = as_view(q);
-    const auto vv = as_view(v);
-    ref_result r;
-    r.out = make_bshd<double>(qv.dims[0], qv.dims[1], qv.dims[2], vv.dims[3], 0.0);
-    r.lse = make_lse<double>(qv.dims[0], qv.dims[1], qv.dims[2], 0.0);
+    ref_result r = outputs_for<double>(q, v, 0.0);
     attnkit::reference::softmax_attention(q, k, v, r.out, r.lse, o);
     return r;
 }

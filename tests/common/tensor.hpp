@@ -13,6 +13,7 @@
 //   fill(x, value)                         sets every element (strided views too)
 //   to_double(x)                           a double copy (Tensor<double, N, RowMajor>) of x
 //   max_abs(x)                             max |element| (NaN ignored; 0 for an empty tensor)
+//   outputs_for<T>(q, v, fill)             out [B, Lq, H, Dv] and lse [B, Lq, H] for q and v
 #pragma once
 
 #include <array>
@@ -59,6 +60,22 @@ auto as_view(const X& x) {
 template <class X>
 auto as_mutable_view(X&& x) {
     return attnkit::detail::output_view<rank_of<X>>("x", std::forward<X>(x), "");
+}
+
+// The outputs of an attention call on q [B, Lq, H, D] and v [B, Lk, Hk, Dv], pre-filled (a
+// sentinel or NaN shows an element the call forgot to write).
+template <class T>
+struct attention_outputs {
+    tensor4<T> out;
+    tensor3<T> lse;
+};
+
+template <class T, class Q, class V>
+attention_outputs<T> outputs_for(const Q& q, const V& v, T fill) {
+    const auto qv = as_view(q);
+    const auto vv = as_view(v);
+    return {make_bshd<T>(qv.dims[0], qv.dims[1], qv.dims[2], vv.dims[3], fill),
+            make_lse<T>(qv.dims[0], qv.dims[1], qv.dims[2], fill)};
 }
 
 template <class T, int N, std::size_t M>
