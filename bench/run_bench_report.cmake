@@ -1,10 +1,13 @@
-# Script behind the bench_report target: run the benchmarks into JSON, then print the report.
-#   cmake -DBENCH=<bench exe> -DREPORT=<report exe> -DJSON=<out.json> -DMARKDOWN=<out.md>
-#         [-DFILTER=<regex>] [-DREPETITIONS=<n>] -P run_bench_report.cmake
+# Script behind the bench_report target: run every benchmark program into JSON, then the report
+# tool on each, and concatenate the Markdown into report.md.
+#   cmake -DBENCHES=<exe>|<exe>|... -DREPORT=<report exe> -DOUT_DIR=<dir>
+#         [-DFILTER=<regex>] [-DREPETITIONS=<n>] [-DONLY=<regex on program names>]
+#         -P run_bench_report.cmake
 # The environment variables ATTNKIT_BENCH_FILTER / ATTNKIT_BENCH_REPETITIONS override FILTER /
-# REPETITIONS (so `ATTNKIT_BENCH_FILTER=decode cmake --build build --target bench_report` works
-# without reconfiguring).
-foreach(_var BENCH REPORT JSON MARKDOWN)
+# REPETITIONS, and ATTNKIT_BENCH_ONLY=<regex> picks programs by name (so
+# `ATTNKIT_BENCH_ONLY=taylor ATTNKIT_BENCH_FILTER=decode cmake --build build --target
+# bench_report` works without reconfiguring).
+foreach(_var BENCHES REPORT OUT_DIR)
     if(NOT DEFINED ${_var})
         message(FATAL_ERROR "run_bench_report.cmake: -D${_var}=... is required")
     endif()
@@ -15,31 +18,47 @@ endif()
 if(DEFINED ENV{ATTNKIT_BENCH_REPETITIONS})
     set(REPETITIONS "$ENV{ATTNKIT_BENCH_REPETITIONS}")
 endif()
+if(DEFINED ENV{ATTNKIT_BENCH_ONLY})
+    set(ONLY "$ENV{ATTNKIT_BENCH_ONLY}")
+endif()
 if(NOT REPETITIONS MATCHES "^[1-9][0-9]*$")
     set(REPETITIONS 1)
 endif()
 
-set(_args "--benchmark_out=${JSON}" "--benchmark_out_format=json")
-if(NOT FILTER STREQUAL "")
-    list(APPEND _args "--benchmark_filter=${FILTER}")
-endif()
-if(REPETITIONS GREATER 1)
-    # The program caps heavy cases at 3 repetitions and the reference at 1 (see its header).
-    list(APPEND _args "--benchmark_repetitions=${REPETITIONS}"
-                      "--benchmark_display_aggregates_only=true")
-endif()
-
-message(STATUS "${BENCH} ${_args}")
-# Console output (one line per benchmark) goes to the terminal as progress.
-execute_process(COMMAND ${CMAKE_COMMAND} -E env "ATTNKIT_BENCH_REPETITIONS=${REPETITIONS}"
-                        "${BENCH}" ${_args}
-                RESULT_VARIABLE _rc)
-if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "benchmark run failed (${_rc})")
-endif()
-execute_process(COMMAND "${REPORT}" "${JSON}" --output "${MARKDOWN}" RESULT_VARIABLE _rc)
-if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "report failed (${_rc})")
-endif()
-message(STATUS "JSON: ${JSON}")
-message(STATUS "Markdown: ${MARKDOWN}")
+string(REPLACE "|" ";" _benches "${BENCHES}")
+set(_report "${OUT_DIR}/report.md")
+file(WRITE "${_report}" "# attnkit benchmark report\n\n")
+foreach(_bench IN LISTS _benches)
+    get_filename_component(_exe_name "${_bench}" NAME_WE)
+    string(REGEX REPLACE "^attnkit_" "" _name "${_exe_name}")
+    string(REGEX REPLACE "_bench$" "" _name "${_name}")
+    if(DEFINED ONLY AND NOT ONLY STREQUAL "" AND NOT _name MATCHES "${ONLY}")
+        continue()
+    endif()
+    set(_json "${OUT_DIR}/${_name}.json")
+    set(_md "${OUT_DIR}/${_name}.md")
+    set(_args "--benchmark_out=${_json}" "--benchmark_out_format=json")
+    if(NOT FILTER STREQUAL "")
+        list(APPEND _args "--benchmark_filter=${FILTER}")
+    endif()
+    if(REPETITIONS GREATER 1)
+        list(APPEND _args "--benchmark_repetitions=${REPETITIONS}"
+                          "--benchmark_display_aggregates_only=true")
+    endif()
+    message(STATUS "[bench] ${_name}: ${_bench} ${_args}")
+    # Console output (one line per benchmark) goes to the terminal as progress.
+    execute_process(COMMAND ${CMAKE_COMMAND} -E env "ATTNKIT_BENCH_REPETITIONS=${REPETITIONS}"
+                            "${_bench}" ${_args}
+                    RESULT_VARIABLE _rc)
+    if(NOT _rc EQUAL 0)
+        message(FATAL_ERROR "benchmark ${_name} failed (${_rc})")
+    endif()
+    execute_process(COMMAND "${REPORT}" "${_json}" --output "${_md}" RESULT_VARIABLE _rc)
+    if(NOT _rc EQUAL 0)
+        message(FATAL_ERROR "report for ${_name} failed (${_rc})")
+    endif()
+    file(READ "${_md}" _text)
+    file(APPEND "${_report}" "## ${_name}\n\n${_text}\n")
+    message(STATUS "[bench] ${_name}: ${_json}, ${_md}")
+endforeach()
+message(STATUS "Report: ${_report}")

@@ -37,6 +37,7 @@
 #include "attnkit/reference/softmax_attention.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "common/attention_harness.hpp"
+#include "common/bench_main.hpp"
 #include "common/machine.hpp"
 #include "softmax_attention_fast.hpp"
 
@@ -91,63 +92,6 @@ void reference_attention(const tensor4& q, const tensor4& k, const tensor4& v, t
     attnkit::reference::softmax_attention(q, k, v, out, opts);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Machine probes.
-void BM_fma_peak(benchmark::State& state, int threads) {
-    const std::int64_t steps = std::int64_t(1) << 18;  // ~0.5 ms of one AVX2 core
-    float sink = 0;
-    double flops = 0;
-    const auto t0 = clock_type::now();
-    for (auto _ : state) flops = fma_peak_run(steps, threads, &sink);
-    const double seconds = seconds_since(t0);
-    benchmark::DoNotOptimize(sink);
-    const double iters = static_cast<double>(state.iterations());
-    state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
-    state.counters["peak_frac"] = flops * iters / seconds / machine_peak_flops(threads);
-}
-
-void BM_dram_read(benchmark::State& state, int threads) {
-    float sink = 0;
-    double bytes = 0;
-    stream_buffer();  // allocate and touch outside the timed loop
-    const auto t0 = clock_type::now();
-    for (auto _ : state) bytes = dram_read_run(threads, &sink);
-    const double seconds = seconds_since(t0);
-    benchmark::DoNotOptimize(sink);
-    const double iters = static_cast<double>(state.iterations());
-    state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-    state.counters["bw_frac"] = bytes * iters / seconds / dram_read_bandwidth(threads);
-}
-
-void BM_dram_triad(benchmark::State& state, int threads) {
-    double bytes = 0;
-    stream_buffer();
-    float s = 0.5f;
-    const auto t0 = clock_type::now();
-    for (auto _ : state) {
-        bytes = dram_triad_run(threads, s);
-        benchmark::ClobberMemory();
-    }
-    const double seconds = seconds_since(t0);
-    const double iters = static_cast<double>(state.iterations());
-    state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-    // Fraction of the read-stream bandwidth with as many threads (triad also writes).
-    state.counters["bw_frac"] = bytes * iters / seconds / dram_read_bandwidth(threads);
-}
-
-constexpr int kThreadCounts[] = {1, 2};
-
-void register_machine_probes() {
-    const std::pair<const char*, void (*)(benchmark::State&, int)> probes[] = {
-        {"BM_fma_peak", BM_fma_peak}, {"BM_dram_read", BM_dram_read}, {"BM_dram_triad", BM_dram_triad}};
-    for (const auto& p : probes)
-        for (int t : kThreadCounts)
-            benchmark::RegisterBenchmark((std::string(p.first) + "/threads:" + std::to_string(t)).c_str(),
-                                         p.second, t)
-                ->UseRealTime()
-                ->Unit(benchmark::kMillisecond);
-}
-
 std::vector<attn_case> softmax_cases() {
     std::vector<attn_case> cases;
     for (std::int64_t L : {256, 512, 1024, 2048, 4096})
@@ -173,75 +117,14 @@ void register_baselines() {
     add_family("materialised", materialised_attention);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Command line: defaults from the environment for flags the user did not give.
-bool has_flag(const std::vector<std::string>& args, const char* flag) {
-    const std::size_t n = std::strlen(flag);
-    for (const std::string& a : args)
-        if (a.compare(0, n, flag) == 0 && (a.size() == n || a[n] == '=')) return true;
-    return false;
-}
-
-bool flag_on(const std::vector<std::string>& args, const char* flag) {
-    const std::string f = flag;
-    for (const std::string& a : args)
-        if (a == f || a == f + "=true" || a == f + "=1") return true;
-    return false;
-}
-
-std::string fmt(const char* f, double x) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, f, x);
-    return buf;
-}
-
 }  // namespace
 }  // namespace attnkit_bench
 
 int main(int argc, char** argv) {
-    using namespace attnkit_bench;
-    std::vector<std::string> args(argv, argv + argc);
-    if (!has_flag(args, "--benchmark_min_time")) args.push_back("--benchmark_min_time=0.2");
-    if (const char* f = std::getenv("ATTNKIT_BENCH_FILTER"))
-        if (*f && !has_flag(args, "--benchmark_filter"))
-            args.push_back(std::string("--benchmark_filter=") + f);
-    if (const int reps = requested_repetitions(); reps > 1) {
-        if (!has_flag(args, "--benchmark_repetitions"))
-            args.push_back("--benchmark_repetitions=" + std::to_string(reps));
-        if (!has_flag(args, "--benchmark_display_aggregates_only") &&
-            !has_flag(args, "--benchmark_report_aggregates_only"))
-            args.push_back("--benchmark_display_aggregates_only=true");
-    }
-    std::vector<char*> cargs;
-    for (std::string& a : args) cargs.push_back(a.data());
-    cargs.push_back(nullptr);
-    int cargc = static_cast<int>(args.size());
-    benchmark::Initialize(&cargc, cargs.data());
-    if (benchmark::ReportUnrecognizedArguments(cargc, cargs.data())) return 1;
-    Eigen::initParallel();
-
-    // The machine's peak and bandwidth, once, before anything runs; also into the JSON context
-    // so that bench_report has them whatever the filter selected.
-    if (!flag_on(args, "--benchmark_list_tests")) {
-        const fma_peak_info& p = fma_peak();
-        benchmark::AddCustomContext("attnkit_simd", simd::name);
-        benchmark::AddCustomContext("attnkit_fma_peak_gflops_per_thread", fmt("%.2f", p.per_thread * 1e-9));
-        benchmark::AddCustomContext("attnkit_fma_peak_gflops_range",
-                                    fmt("%.2f", p.min * 1e-9) + ".." + fmt("%.2f", p.max * 1e-9) +
-                                        " over " + std::to_string(p.runs) + " runs");
-        for (int t : kThreadCounts)
-            benchmark::AddCustomContext("attnkit_dram_read_gbs_threads_" + std::to_string(t),
-                                        fmt("%.2f", dram_read_bandwidth(t) * 1e-9));
-        benchmark::AddCustomContext("attnkit_llc_bytes", std::to_string(llc_bytes()));
-        release_stream_buffer();
-    }
-
-    register_machine_probes();
-    register_baselines();
-    register_fast_kernels();  // softmax_attention_fast.hpp
-    register_attention_benchmarks(softmax_cases());
-
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-    return 0;
+    return attnkit_bench::bench_main(argc, argv, [] {
+        using namespace attnkit_bench;
+        register_baselines();
+        register_fast_kernels();  // softmax_attention_fast.hpp
+        register_attention_benchmarks(softmax_cases());
+    });
 }

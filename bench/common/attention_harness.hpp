@@ -57,6 +57,7 @@
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "flops.hpp"
+#include "bench_main.hpp"
 #include "machine.hpp"
 
 namespace attnkit_bench {
@@ -363,13 +364,6 @@ inline void run_attention(benchmark::State& state, const family& f, const attn_c
 // ---------------------------------------------------------------------------------------------
 // Registration.
 
-// ATTNKIT_BENCH_REPETITIONS from the environment (0 when unset or invalid).
-inline int requested_repetitions() {
-    const char* e = std::getenv("ATTNKIT_BENCH_REPETITIONS");
-    if (!e || !*e) return 0;
-    const long n = std::strtol(e, nullptr, 10);
-    return n > 0 && n < 1000 ? static_cast<int>(n) : 0;
-}
 
 // Cases whose one call is at least this many useful FLOPs get at most heavy_max_repetitions
 // repetitions, whatever ATTNKIT_BENCH_REPETITIONS says (a few seconds each for the baselines).
@@ -379,7 +373,7 @@ constexpr int heavy_max_repetitions = 3;
 // One benchmark per (case, family that applies), case-major, after the families are added.
 // Also records the family order in the JSON context ("attnkit_families") for bench_report.
 inline void register_attention_benchmarks(const std::vector<attn_case>& cases) {
-    const int reps = requested_repetitions();
+    const int reps = bench_repetitions_env();
     std::string names;
     for (const family& f : families()) names += (names.empty() ? "" : ",") + f.name;
     benchmark::AddCustomContext("attnkit_families", names);

@@ -1,14 +1,19 @@
-// Options of standard softmax attention. A default-constructed struct means: no mask,
-// scale 1/sqrt(D), calling thread only.
+// Options of every attention entry point. Plain structs with defaults: a default-constructed
+// struct means no mask, scale 1/sqrt(D), calling thread only. Weights passed in options are
+// non-owning views (an Eigen tensor converts implicitly); a default (null) view means "this
+// stage is off". Borrowed weights must outlive the call and any state built from the options.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "attnkit/view.hpp"
+
 namespace attnkit {
 
 class thread_pool;
 
+// Standard softmax attention (softmax_attention.hpp).
 struct softmax_options {
     float scale = 0.0f;                     // 0: 1/sqrt(D); otherwise finite and > 0
     bool causal = false;                    // bottom-right aligned (query i at i + Lk - Lq)
@@ -18,6 +23,56 @@ struct softmax_options {
     float softcap = 0.0f;                   // <= 0: off; else s -> softcap * tanh(s / softcap)
     std::vector<float> sinks;               // empty: off; else one logit per query head
     thread_pool* pool = nullptr;            // null: run on the calling thread
+};
+
+// Second-order Taylor ("Approximate") attention (taylor_attention.hpp).
+enum class taylor_form { automatic, quadratic, linear };
+struct taylor_options {
+    float scale = 0.0f;                     // 0: 1/sqrt(D)
+    bool causal = false;                    // bottom-right aligned, as softmax
+    std::vector<std::int64_t> key_lengths;  // empty: off; else one per batch item
+    float eps = 1e-6f;                      // o = sum w v / (sum w + eps); finite, >= 0
+    taylor_form form = taylor_form::automatic;
+    thread_pool* pool = nullptr;
+};
+
+// Self-gating ("Non-approximate") attention (self_gating_attention.hpp).
+struct self_gating_options {
+    float scale = 0.0f;
+    bool causal = false;
+    std::vector<std::int64_t> key_lengths;
+    thread_pool* pool = nullptr;
+};
+
+// Static QK (RndEmbQK / FixedSeqQK) attention (static_qk_attention.hpp); always causal.
+struct static_qk_options {
+    float scale = 0.0f;
+    thread_pool* pool = nullptr;
+};
+
+// StaticEmbQK: the shape of the stacked Q/K projection of every layer (embedding_qk.hpp).
+struct embedding_qk_layout {
+    index_t layers = 0, heads = 0, heads_kv = 0, dim = 0;
+};
+
+// Gated MLP, no token mixing (gated_mlp.hpp).
+struct gated_mlp_options {
+    thread_pool* pool = nullptr;
+};
+
+// Multi-token attention (mta_attention.hpp); always causal, Lq == Lk.
+struct mta_options {
+    float scale = 0.0f;
+    view<const float, 4> kq_pre;       // [H, G, c_q, c_k], convolution of the scores
+    view<const float, 2> head_pre;     // [H, H] as [out, in], head mixing of the scores
+    view<const float, 4> kq_post;      // [H, G, c_q, c_k], convolution of the probabilities
+    view<const float, 2> head_post;    // [H, H] as [out, in], head mixing of the probabilities
+    view<const float, 1> norm_weight;  // [Dv], RMSNorm of each (token, head) output
+    float norm_eps = 1e-5f;
+    std::int64_t norm_layer = -1;      // >= 0: depth scale 0.2 + 0.6 exp(-0.3 l)
+    view<const float, 1> gate_weight;  // [Dv], out *= sigmoid(out . g + b)
+    float gate_bias = 0.0f;
+    thread_pool* pool = nullptr;
 };
 
 }  // namespace attnkit
