@@ -1,0 +1,102 @@
+// Argument validation of static QK attention (RndEmbQK / FixedSeqQK) and of the attention map:
+// the fixed stream's q_fixed [1, Lmax, H, D] and k_fixed [1, Lmax, Hk, D], the per-call values
+// v [B, L, Hk, Dv] with L <= Lmax, out [B, L, H, Dv] (or [B, T, H, Dv], T <= L, for the map), and
+// a given mixing matrix w [H, Lmax, Lmax]. Everything throws std::invalid_argument naming the
+// argument with its expected and actual shape, before any output is written.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "attnkit/detail/check.hpp"
+
+namespace attnkit {
+namespace detail {
+namespace static_qk {
+
+// Shapes of the fixed stream (one attention map per head).
+struct stream_shape {
+    index_t max_len, heads, heads_k, dim;
+    index_t group() const { return heads / heads_k; }
+};
+
+// Shapes of one application to values: v [batch, len, heads_k, dim_v], out [batch, rows, heads, dim_v].
+struct values_shape {
+    index_t batch, len, rows, heads, heads_k, dim_v;
+};
+
+template <class X>
+auto q_fixed_view(const X& x) { return input_view<4>("q_fixed", x, "[1, Lmax, H, D]"); }
+template <class X>
+auto k_fixed_view(const X& x) { return input_view<4>("k_fixed", x, "[1, Lmax, Hk, D]"); }
+template <class X>
+auto v_view(const X& x) { return input_view<4>("v", x, "[B, L, Hk, Dv]"); }
+template <class X>
+auto out_view(X&& x) { return output_view<4>("out", std::forward<X>(x), "[B, L, H, Dv]"); }
+template <class X>
+auto weights_view(const X& x) { return input_view<3>("w", x, "[H, Lmax, Lmax]"); }
+
+inline std::string str(index_t x) { return std::to_string(x); }
+
+template <class TQ, class TK>
+stream_shape check_stream(const view<TQ, 4>& qf, const view<TK, 4>& kf) {
+    check_layout("q_fixed", qf);
+    check_layout("k_fixed", kf);
+    // One fixed stream for every batch item: a batch here would be a per-item Q/K, which is
+    // softmax_attention's job.
+    if (qf.dims[0] != 1)
+        fail("q_fixed: expected batch 1 (one fixed stream, layout [1, Lmax, H, D]), got " + shape_string(qf));
+    if (kf.dims[0] != 1)
+        fail("k_fixed: expected batch 1 (one fixed stream, layout [1, Lmax, Hk, D]), got " + shape_string(kf));
+    const stream_shape s{qf.dims[1], qf.dims[2], kf.dims[2], qf.dims[3]};
+    if (s.heads < 1 || s.dim < 1) fail("q_fixed: heads and head dim must be >= 1, got " + shape_string(qf));
+    if (s.heads_k < 1) fail("k_fixed: heads must be >= 1, got " + shape_string(kf));
+    check_shape("k_fixed", kf, {1, s.max_len, s.heads_k, s.dim}, "[1, Lmax, Hk, D]");
+    if (s.heads % s.heads_k != 0)
+        fail("k_fixed: query heads H = " + str(s.heads) + " must be a multiple of key heads Hk = " + str(s.heads_k) +
+             " (q_fixed " + shape_string(qf) + ", k_fixed " + shape_string(kf) + ")");
+    return s;
+}
+
+// v against a stream (or map) of max_len positions, heads and heads_k; out has `rows` rows
+// (== L for static_qk_attention, any 0 <= T <= L for the map: the last T rows).
+template <class TV, class TO>
+values_shape check_values(const view<TV, 4>& v, const view<TO, 4>& out, index_t max_len, index_t heads,
+                          index_t heads_k, bool last_rows) {
+    check_layout("v", v);
+    check_layout("out", out);
+    const values_shape s{v.dims[0], v.dims[1], out.dims[1], heads, heads_k, v.dims[3]};
+    if (v.dims[2] != heads_k)
+        fail("v: expected " + str(heads_k) + " key/value heads (layout [B, L, Hk, Dv]), got " + shape_string(v));
+    if (s.dim_v < 1) fail("v: head dim must be >= 1, got " + shape_string(v));
+    if (s.len > max_len)
+        fail("v: length L = " + str(s.len) + " exceeds the fixed stream's Lmax = " + str(max_len) + " (v " +
+             shape_string(v) + ")");
+    if (last_rows) {
+        if (out.dims[0] != s.batch || out.dims[2] != heads || out.dims[3] != s.dim_v || s.rows > s.len)
+            fail("out: expected shape [B, T, H, Dv] = [" + str(s.batch) + ", T <= " + str(s.len) + ", " + str(heads) +
+                 ", " + str(s.dim_v) + "], got " + shape_string(out));
+    } else {
+        check_shape("out", out, {s.batch, s.len, heads, s.dim_v}, "[B, L, H, Dv]");
+    }
+    return s;
+}
+
+inline void check_options(const static_qk_options& o) { check_scale(o.scale); }
+
+// A given causal mixing matrix, one square [Lmax, Lmax] block per head.
+template <class TW>
+stream_shape check_weights(const view<TW, 3>& w, index_t heads_k) {
+    check_layout("w", w);
+    if (w.dims[0] < 1) fail("w: expected at least one head (layout [H, Lmax, Lmax]), got " + shape_string(w));
+    if (w.dims[1] != w.dims[2])
+        fail("w: expected a square mixing matrix per head, [H, Lmax, Lmax], got " + shape_string(w));
+    const index_t hk = heads_k == 0 ? w.dims[0] : heads_k;
+    if (hk < 1 || w.dims[0] % hk != 0)
+        fail("heads_kv: expected 0 (= H) or a divisor of H = " + str(w.dims[0]) + ", got " + str(heads_k));
+    return {w.dims[1], w.dims[0], hk, 0};
+}
+
+}  // namespace static_qk
+}  // namespace detail
+}  // namespace attnkit
