@@ -7,4 +7,5 @@
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "attnkit/reference/softmax_attention.hpp"
+#include "attnkit/reference/taylor_attention.hpp"
 #include "attnkit/softmax_attention.hpp"
