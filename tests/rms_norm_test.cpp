@@ -1,0 +1,96 @@
+// attnkit::model::rms_norm against the double oracle: widths around the lane width and its
+// multiples, rank 2 and 3, strided views, in place, thread counts, and the errors.
+#include "attnkit/model/rms_norm.hpp"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <vector>
+
+#include "attnkit/reference/model/rms_norm.hpp"
+#include "attnkit/thread_pool.hpp"
+#include "common/compare.hpp"
+#include "common/random.hpp"
+
+namespace {
+
+using namespace attnkit_test;
+using attnkit::index_t;
+using tensor2 = Eigen::Tensor<float, 2, Eigen::RowMajor>;
+using tensor1 = Eigen::Tensor<float, 1, Eigen::RowMajor>;
+constexpr index_t W = attnkit::simd::kLanes<attnkit::simd::default_arch>;
+
+class RmsNormWidths : public ::testing::TestWithParam<index_t> {};
+
+TEST_P(RmsNormWidths, MatchesReference) {
+    const index_t d = GetParam();
+    for (distribution dist : kAllDistributions) {
+        SCOPED_TRACE(name(dist));
+        tensor2 x(5, d), out(5, d);
+        tensor1 w(d);
+        fill_random(x, dist, 11 + d);
+        fill_random(w, distribution::uniform, 17 + d);
+        attnkit::model::rms_norm(x, w, out, 1e-5f);
+        Eigen::Tensor<double, 2, Eigen::RowMajor> ref(5, d);
+        attnkit::reference::model::rms_norm(x, w, ref, 1e-5);
+        // One rounding per product plus the float sum of squares: a few eps relative to the
+        // normalised magnitude (|x| / rms is O(sqrt(d)) at most, times |w| <= 1).
+        EXPECT_TRUE(all_close(out, ref, 1e-5, 1e-6));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, RmsNormWidths,
+                         ::testing::Values(index_t(1), W - 1 > 0 ? W - 1 : 2, W, W + 1, 2 * W, 2 * W + 1, 3 * W + 2,
+                                           index_t(13), index_t(896), index_t(4099)),
+                         [](const auto& info) { return "d" + std::to_string(info.param); });
+
+TEST(RmsNorm, Rank3StridedAndInPlace) {
+    const index_t B = 2, L = 3, d = 37;
+    Eigen::Tensor<float, 3, Eigen::RowMajor> x(B, L, d), out(B, L, d);
+    tensor1 w(d);
+    fill_random(x, distribution::gaussian, 3);
+    fill_random(w, distribution::gaussian, 4);
+    Eigen::Tensor<double, 3, Eigen::RowMajor> ref(B, L, d);
+    attnkit::reference::model::rms_norm(x, w, ref, 1e-6);
+    attnkit::model::rms_norm(x, w, out);
+    EXPECT_TRUE(all_close(out, ref, 1e-5, 1e-6));
+    // In place over x.
+    Eigen::Tensor<float, 3, Eigen::RowMajor> y = x;
+    attnkit::model::rms_norm(y, w, y);
+    EXPECT_TRUE(all_close(y, ref, 1e-5, 1e-6));
+    // A strided [B, L, d] view: every row padded to 64 floats.
+    std::vector<float> buf(static_cast<std::size_t>(B * L * 64), -1.0f), obuf(buf.size(), -1.0f);
+    for (index_t b = 0; b < B; ++b)
+        for (index_t l = 0; l < L; ++l)
+            for (index_t c = 0; c < d; ++c) buf[static_cast<std::size_t>((b * L + l) * 64 + c)] = x(b, l, c);
+    attnkit::view<const float, 3> xv(buf.data(), {B, L, d}, {L * 64, 64, 1});
+    attnkit::view<float, 3> ov(obuf.data(), {B, L, d}, {L * 64, 64, 1});
+    attnkit::model::rms_norm(xv, w, ov);
+    EXPECT_TRUE(all_close(ov, ref, 1e-5, 1e-6));
+    EXPECT_EQ(obuf[static_cast<std::size_t>(d)], -1.0f);  // padding untouched
+}
+
+TEST(RmsNorm, ThreadCountsGiveIdenticalResults) {
+    tensor2 x(103, 96), o1(103, 96), o2(103, 96);
+    tensor1 w(96);
+    fill_random(x, distribution::outliers, 5);
+    fill_random(w, distribution::uniform, 6);
+    attnkit::model::rms_norm(x, w, o1);
+    attnkit::thread_pool pool(3);
+    attnkit::model::rms_norm(x, w, o2, 1e-6f, &pool);
+    for (index_t i = 0; i < o1.size(); ++i) ASSERT_EQ(o1.data()[i], o2.data()[i]) << i;
+}
+
+TEST(RmsNorm, RejectsBadArguments) {
+    tensor2 x(4, 8), out(4, 8), bad_out(4, 9);
+    tensor1 w(8), w_bad(7);
+    x.setConstant(1.0f);
+    out.setConstant(5.0f);
+    EXPECT_THROW(attnkit::model::rms_norm(x, w_bad, out), std::invalid_argument);
+    EXPECT_THROW(attnkit::model::rms_norm(x, w, bad_out), std::invalid_argument);
+    EXPECT_THROW(attnkit::model::rms_norm(x, w, out, 0.0f), std::invalid_argument);
+    EXPECT_THROW(attnkit::model::rms_norm(x, w, out, -1.0f), std::invalid_argument);
+    EXPECT_TRUE(all_equal_to(out, 5.0f));  // nothing written after a throw
+}
+
+}  // namespace
