@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "attnkit/detail/lse_merge.hpp"  // row_lse, merge_row
 #include "attnkit/detail/tile_traits.hpp"
 
 namespace attnkit {
@@ -71,29 +72,7 @@ ATTNKIT_NOINLINE void softmax_panel(float* st, index_t n_keys, index_t j0, bool 
     }
 }
 
-// Natural-log lse of a row from its log2-domain running max and sum (NaN stays NaN).
-inline float row_lse(float m, float l) {
-    return l == 0.0f ? kNegInf : (m + std::log2(l)) * simd::kLn2;
-}
 inline float row_inv_sum(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
-
-// Folds a partial result (o_b normalised over its keys, lse_b) into (o_a, lse_a), exactly as
-// variants.md defines the merge; a side with lse = -inf contributes nothing. o_b may be null
-// for a zero-valued side (an attention sink).
-inline void merge_row(float* o_a, float& lse_a, const float* o_b, float lse_b, index_t dim_v) {
-    if (lse_b == kNegInf) return;
-    if (lse_a == kNegInf) {
-        for (index_t c = 0; c < dim_v; ++c) o_a[c] = o_b ? o_b[c] : 0.0f;
-        lse_a = lse_b;
-        return;
-    }
-    const float mx = lse_a > lse_b ? lse_a : lse_b;
-    const float wa = std::exp(lse_a - mx), wb = std::exp(lse_b - mx);
-    const float lse = mx + std::log(wa + wb);
-    const float fa = std::exp(lse_a - lse), fb = std::exp(lse_b - lse);
-    for (index_t c = 0; c < dim_v; ++c) o_a[c] = fa * o_a[c] + (o_b ? fb * o_b[c] : 0.0f);
-    lse_a = lse;
-}
 
 }  // namespace detail
 }  // namespace attnkit

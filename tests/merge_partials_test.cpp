@@ -1,0 +1,234 @@
+// The lse merge (detail/lse_merge.hpp) and its three users: attnkit::merge_partials, split-KV
+// decode and attention sinks (docs/variants.md section 1, "Partial merge").
+//
+// The merge weights of two partial results must sum to 1 however large their lse: at lse = 1e6
+// a float has a spacing of 0.06, so weights taken from a rounded combined lse
+// (exp(lse_a - lse)) can be off by several percent. Every test here is written so that such an
+// error is far outside its tolerance.
+#include "attnkit/softmax_attention.hpp"
+#include "attnkit/reference/softmax_attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/compare.hpp"
+#include "common/random.hpp"
+#include "common/tensor.hpp"
+
+namespace {
+
+using attnkit::index_t;
+using attnkit::softmax_options;
+using attnkit::view;
+using namespace attnkit_test;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr double kEps = kEpsFloat;
+
+// Exact merge in double: weights exp(l - max) / sum, the lse from the shifted sum.
+struct merged {
+    std::vector<double> o;
+    double lse;
+};
+merged merge_in_double(const std::vector<double>& oa, double la, const std::vector<double>& ob, double lb) {
+    if (la == -HUGE_VAL && lb == -HUGE_VAL) return {std::vector<double>(oa.size(), 0.0), -HUGE_VAL};
+    const double mx = std::max(la, lb);
+    const double wa = std::exp(la - mx), wb = std::exp(lb - mx);
+    merged m{std::vector<double>(oa.size()), mx + std::log(wa + wb)};
+    for (std::size_t c = 0; c < oa.size(); ++c) m.o[c] = (wa * oa[c] + wb * ob[c]) / (wa + wb);
+    return m;
+}
+
+// ---- the detail function: one row ----------------------------------------------------------
+
+TEST(merge_row, weights_sum_to_one_at_any_lse_magnitude) {
+    // Both sides hold v = 1: any weights that do not sum to 1 show directly.
+    for (float base : {0.0f, 1.0f, 1e3f, 1e4f, -1e4f, 1e6f, -1e6f, 3e7f, 1e30f}) {
+        for (float gap : {0.0f, 0.25f, 1.0f, 7.5f, 30.0f, 200.0f}) {
+            SCOPED_TRACE(::testing::Message() << "lse_a " << base << ", lse_b " << base + gap);
+            std::vector<float> oa(5, 1.0f), ob(5, 1.0f);
+            float lse = base;
+            attnkit::detail::merge_row(oa.data(), lse, ob.data(), base + gap, 5);
+            for (float x : oa) EXPECT_NEAR(1.0, x, 2 * kEps);
+            // The combined lse is max + log(1 + e^-gap), rounded once at the magnitude of max.
+            const double expect = static_cast<double>(base + gap) + std::log1p(std::exp(-static_cast<double>(gap)));
+            EXPECT_NEAR(expect, lse, 2 * kEps * (std::fabs(expect) + 1.0));
+        }
+    }
+}
+
+TEST(merge_row, matches_the_double_merge_and_is_symmetric) {
+    const std::vector<double> va = random_values(7, distribution::gaussian, 31),
+                              vb = random_values(7, distribution::gaussian, 32);
+    for (float la : {-3.0f, 0.0f, 2.5f, 1e4f}) {
+        for (float d : {-20.0f, -1.0f, 0.0f, 0.5f, 3.0f, 40.0f}) {
+            const float lb = la + d;
+            SCOPED_TRACE(::testing::Message() << "lse_a " << la << ", lse_b " << lb);
+            std::vector<float> oa(va.begin(), va.end()), ob(vb.begin(), vb.end());
+            std::vector<double> a(oa.begin(), oa.end()), b(ob.begin(), ob.end());
+            const merged m = merge_in_double(a, la, b, lb);
+            std::vector<float> ab = oa, ba = ob;
+            float lab = la, lba = lb;
+            attnkit::detail::merge_row(ab.data(), lab, ob.data(), lb, 7);
+            attnkit::detail::merge_row(ba.data(), lba, oa.data(), la, 7);
+            for (std::size_t c = 0; c < 7; ++c) {
+                EXPECT_NEAR(m.o[c], ab[c], 4 * kEps * 3.0) << c;
+                EXPECT_EQ(ab[c], ba[c]) << "merge order changed the result at " << c;
+            }
+            EXPECT_NEAR(m.lse, lab, 2 * kEps * (std::fabs(m.lse) + 1.0));
+            EXPECT_EQ(lab, lba);
+        }
+    }
+}
+
+TEST(merge_row, empty_sides_nan_and_zero_valued_side) {
+    std::vector<float> o{1.0f, 2.0f};
+    const std::vector<float> b{3.0f, 4.0f};
+    float lse = -kInf;
+    attnkit::detail::merge_row(o.data(), lse, b.data(), 0.5f, 2);  // empty a takes b as it is
+    EXPECT_EQ(b, o);
+    EXPECT_EQ(0.5f, lse);
+    attnkit::detail::merge_row(o.data(), lse, b.data(), -kInf, 2);  // empty b changes nothing
+    EXPECT_EQ(b, o);
+    EXPECT_EQ(0.5f, lse);
+    // A zero-valued side with equal lse (a sink as heavy as the keys) halves the output.
+    attnkit::detail::merge_row(o.data(), lse, nullptr, 0.5f, 2);
+    EXPECT_NEAR(1.5, o[0], 2 * kEps);
+    EXPECT_NEAR(2.0, o[1], 2 * kEps);
+    EXPECT_NEAR(0.5 + std::log(2.0), lse, 2 * kEps);
+    // A far heavier zero side: the small weight keeps its relative precision.
+    o = {1.0f, 1.0f};
+    lse = 0.0f;
+    attnkit::detail::merge_row(o.data(), lse, nullptr, 60.0f, 2);
+    EXPECT_NEAR(std::exp(-60.0), o[0], 4 * kEps * std::exp(-60.0));
+    // NaN in either lse gives NaN.
+    o = {1.0f, 1.0f};
+    lse = std::nanf("");
+    attnkit::detail::merge_row(o.data(), lse, b.data(), 1.0f, 2);
+    EXPECT_TRUE(std::isnan(o[0]) && std::isnan(lse));
+}
+
+// ---- attnkit::merge_partials ---------------------------------------------------------------
+
+TEST(merge_partials, normalised_at_lse_1e6) {
+    const index_t B = 1, L = 2, H = 3, Dv = 4;
+    tensor4<float> oa = make_bshd(B, L, H, Dv, 1.0f), ob = make_bshd(B, L, H, Dv, 1.0f);
+    tensor3<float> la = make_lse(B, L, H, 1e6f), lb = make_lse(B, L, H, 1e6f);
+    lb(0, 1, 2) = 1e6f + 0.5f;
+    tensor4<float> out = make_bshd(B, L, H, Dv, 7.0f);
+    tensor3<float> lse = make_lse(B, L, H, 7.0f);
+    attnkit::merge_partials(oa, la, ob, lb, out, lse);
+    EXPECT_TRUE(all_close(out, make_bshd(B, L, H, Dv, 1.0f), 2 * kEps, 0.0));
+    EXPECT_NEAR(1e6 + std::log(2.0), lse(0, 0, 0), 0.07);  // one float spacing at 1e6
+}
+
+TEST(merge_partials, random_partials_against_double) {
+    const index_t B = 2, L = 3, H = 2, Dv = 5;
+    const tensor4<float> oa = random_bshd(B, L, H, Dv, distribution::gaussian, 41),
+                         ob = random_bshd(B, L, H, Dv, distribution::gaussian, 42);
+    tensor3<float> la(B, L, H), lb(B, L, H);
+    const std::vector<double> r = random_values(static_cast<std::size_t>(2 * B * L * H), distribution::outliers, 43);
+    for (index_t i = 0; i < B * L * H; ++i) {
+        la.data()[i] = static_cast<float>(5e3 * r[static_cast<std::size_t>(i)]);
+        lb.data()[i] = la.data()[i] + static_cast<float>(4.0 * r[static_cast<std::size_t>(B * L * H + i)]);
+    }
+    la(1, 2, 1) = -kInf;  // an empty side
+    tensor4<float> out(B, L, H, Dv);
+    tensor3<float> lse(B, L, H);
+    attnkit::merge_partials(oa, la, ob, lb, out, lse);
+    for_each_index<3>({B, L, H}, [&](const std::array<index_t, 3>& i) {
+        std::vector<double> a(Dv), b(Dv);
+        for (index_t c = 0; c < Dv; ++c) a[c] = oa(i[0], i[1], i[2], c), b[c] = ob(i[0], i[1], i[2], c);
+        const merged m = merge_in_double(a, la(i[0], i[1], i[2]), b, lb(i[0], i[1], i[2]));
+        for (index_t c = 0; c < Dv; ++c) ASSERT_NEAR(m.o[c], out(i[0], i[1], i[2], c), 16 * kEps * 4.0);
+        ASSERT_NEAR(m.lse, lse(i[0], i[1], i[2]), 2 * kEps * (std::fabs(m.lse) + 1.0));
+    });
+}
+
+// ---- the fast kernel's split-KV and sink paths ---------------------------------------------
+
+// Every score of a row equals `logit` exactly, whatever the order of a dot product's terms:
+// q = (logit, 0, ...), every key k_j = (1, 0, ...), scale 1. All weights are then equal.
+struct equal_logits {
+    tensor4<float> q, k;
+};
+equal_logits make_equal_logits(index_t Lq, index_t Lk, index_t H, index_t D, float logit) {
+    equal_logits e{make_bshd(1, Lq, H, D), make_bshd(1, Lk, H, D)};
+    for (index_t i = 0; i < e.q.size(); i += D) e.q.data()[i] = logit;
+    for (index_t i = 0; i < e.k.size(); i += D) e.k.data()[i] = 1.0f;
+    return e;
+}
+
+TEST(softmax_attention_split, equal_logits_1e4_stay_normalised) {
+    // Lk = 300 runs unsplit; 1024 and longer run split-KV for a single decode row. With v = 1 both
+    // must give 1: the probabilities are all equal, only the merge can lose mass.
+    for (index_t Lk : {300, 1024, 4099, 16384}) {
+        for (float logit : {1e2f, 1e4f, -1e4f}) {
+            SCOPED_TRACE(::testing::Message() << "Lk " << Lk << ", logit " << logit);
+            const index_t H = 2, D = 16;
+            const equal_logits e = make_equal_logits(1, Lk, H, D, logit);
+            const tensor4<float> v = make_bshd(1, Lk, H, 8, 1.0f);
+            tensor4<float> out = make_bshd(1, 1, H, 8, 7.0f);
+            tensor3<float> lse = make_lse(1, 1, H, 7.0f);
+            softmax_options o;
+            o.scale = 1.0f;
+            attnkit::softmax_attention(e.q, e.k, v, out, lse, o);
+            EXPECT_TRUE(all_close(out, make_bshd(1, 1, H, 8, 1.0f), 4 * kEps, 0.0));
+            // lse = logit + log(Lk): the logit itself carries an error of eps * |logit| (the
+            // dot product in float), the merge adds no more than a few spacings on top.
+            const double expect = static_cast<double>(logit) + std::log(static_cast<double>(Lk));
+            for (index_t h = 0; h < H; ++h) EXPECT_NEAR(expect, lse(0, 0, h), 8 * kEps * (std::fabs(expect) + 1.0));
+        }
+    }
+}
+
+TEST(softmax_attention_split, split_and_unsplit_agree_with_the_reference_at_large_logits) {
+    // Equal scores, values 1 + u/2 with u uniform in [-1, 1]: every weight is 1/Lk and out is the
+    // mean of v, near 1. A merge whose weights sum to 1 - 4e-4 (the old error at 1e4) is far
+    // outside 64 eps; float sums over 2048 values stay inside it.
+    for (index_t Lk : {500, 2048}) {
+        SCOPED_TRACE(::testing::Message() << "Lk " << Lk);
+        const index_t H = 2, D = 8, Dv = 6;
+        const equal_logits e = make_equal_logits(1, Lk, H, D, 1e4f);
+        tensor4<float> v = random_bshd(1, Lk, H, Dv, distribution::uniform, 51);
+        for (index_t i = 0; i < v.size(); ++i) v.data()[i] = 1.0f + 0.5f * v.data()[i];
+        tensor4<float> out(1, 1, H, Dv);
+        tensor4<double> ref(1, 1, H, Dv);
+        softmax_options o;
+        o.scale = 1.0f;
+        attnkit::softmax_attention(e.q, e.k, v, out, o);
+        attnkit::reference::softmax_attention(e.q, e.k, v, ref, o);
+        EXPECT_TRUE(all_close(out, ref, 64 * kEps, 0.0));
+    }
+}
+
+TEST(softmax_attention_split, sink_as_heavy_as_the_keys_halves_the_output) {
+    // Sink logit = the keys' lse: the sink takes exactly half of the mass. v = 1, so out = 1/2.
+    for (index_t Lk : {100, 2048}) {
+        for (float logit : {0.0f, 1e4f}) {
+            SCOPED_TRACE(::testing::Message() << "Lk " << Lk << ", logit " << logit);
+            const index_t H = 2, D = 16;
+            const equal_logits e = make_equal_logits(1, Lk, H, D, logit);
+            const tensor4<float> v = make_bshd(1, Lk, H, 4, 1.0f);
+            tensor4<float> out(1, 1, H, 4);
+            tensor3<float> keys_lse(1, 1, H);
+            softmax_options o;
+            o.scale = 1.0f;
+            attnkit::softmax_attention(e.q, e.k, v, out, keys_lse, o);
+            o.sinks = {keys_lse(0, 0, 0), keys_lse(0, 0, 1)};
+            tensor3<float> lse(1, 1, H);
+            attnkit::softmax_attention(e.q, e.k, v, out, lse, o);
+            EXPECT_TRUE(all_close(out, make_bshd(1, 1, H, 4, 0.5f), 4 * kEps, 0.0));
+            for (index_t h = 0; h < H; ++h)
+                EXPECT_NEAR(static_cast<double>(keys_lse(0, 0, h)) + std::log(2.0), lse(0, 0, h),
+                            2 * kEps * (std::fabs(keys_lse(0, 0, h)) + 1.0));
+        }
+    }
+}
+
+}  // namespace
