@@ -60,9 +60,10 @@ stream_shape check_stream(const view<TQ, 4>& qf, const view<TK, 4>& kf) {
 
 // v against a stream (or map) of max_len positions, heads and heads_k; out has `rows` rows
 // (== L for static_qk_attention, any 0 <= T <= L for the map: the last T rows).
+// `owner` names what max_len belongs to in messages ("fixed stream", "map").
 template <class TV, class TO>
 values_shape check_values(const view<TV, 4>& v, const view<TO, 4>& out, index_t max_len, index_t heads,
-                          index_t heads_k, bool last_rows) {
+                          index_t heads_k, bool last_rows, const char* owner = "fixed stream") {
     check_layout("v", v);
     check_layout("out", out);
     const values_shape s{v.dims[0], v.dims[1], out.dims[1], heads, heads_k, v.dims[3]};
@@ -70,7 +71,7 @@ values_shape check_values(const view<TV, 4>& v, const view<TO, 4>& out, index_t 
         fail("v: expected " + str(heads_k) + " key/value heads (layout [B, L, Hk, Dv]), got " + shape_string(v));
     if (s.dim_v < 1) fail("v: head dim must be >= 1, got " + shape_string(v));
     if (s.len > max_len)
-        fail("v: length L = " + str(s.len) + " exceeds the fixed stream's Lmax = " + str(max_len) + " (v " +
+        fail("v: length L = " + str(s.len) + " exceeds the " + std::string(owner) + "'s Lmax = " + str(max_len) + " (v " +
              shape_string(v) + ")");
     if (last_rows) {
         if (out.dims[0] != s.batch || out.dims[2] != heads || out.dims[3] != s.dim_v || s.rows > s.len)

@@ -1,0 +1,273 @@
+// static_qk_attention and static_attention_map against attnkit::reference::static_qk_attention.
+//
+// Sizes straddle the lane width W, the engine's row panel (2W) and micro tile (kMR keys), the
+// map's micro tile (6 rows) and key block (64): 1, W-1, W, W+1, 3W+2, odd primes, L < Lmax and
+// L = Lmax, Lmax not a multiple of any tile. Tolerances: tolerance_for(k, magnitude) with the
+// attention magnitude of the stream and values.
+#include "attnkit/static_qk_attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attnkit/reference/static_qk_attention.hpp"
+#include "attnkit/thread_pool.hpp"
+#include "common/compare.hpp"
+#include "common/random.hpp"
+#include "common/tensor.hpp"
+
+namespace {
+
+using attnkit::index_t;
+using attnkit::static_attention_map;
+using attnkit::static_qk_options;
+using namespace attnkit_test;
+namespace ref = attnkit::reference;
+
+using weights3 = Eigen::Tensor<double, 3, Eigen::RowMajor>;
+constexpr index_t W = attnkit::simd::kLanes<attnkit::simd::default_arch>;
+constexpr float kSentinel = 7.0f;
+constexpr double kK = 64;  // eps multiple of the float-vs-double tolerance
+
+struct shape {
+    index_t B, Lmax, L, H, Hk, D, Dv;
+};
+
+std::string describe(const shape& s) {
+    return "B " + std::to_string(s.B) + " Lmax " + std::to_string(s.Lmax) + " L " + std::to_string(s.L) + " H " +
+           std::to_string(s.H) + " Hk " + std::to_string(s.Hk) + " D " + std::to_string(s.D) + " Dv " +
+           std::to_string(s.Dv);
+}
+
+struct problem {
+    shape s;
+    tensor4<float> qf, kf, v;
+    tensor4<double> want;  // the oracle, all L rows
+    weights3 w;            // [H, L, L]
+    double magnitude;
+};
+
+problem make_problem(const shape& s, distribution d, std::uint64_t seed, float scale = 0.0f) {
+    problem p{s, random_bshd(1, s.Lmax, s.H, s.D, d, seed), random_bshd(1, s.Lmax, s.Hk, s.D, d, seed + 1),
+              random_bshd(s.B, s.L, s.Hk, s.Dv, d, seed + 2), make_bshd<double>(s.B, s.L, s.H, s.Dv), {}, 0.0};
+    static_qk_options o;
+    o.scale = scale;
+    ref::static_qk_attention(p.qf, p.kf, p.v, p.want, p.w, o);
+    const double sc = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(s.D));
+    p.magnitude = attention_magnitude(p.qf, p.kf, p.v, sc);
+    return p;
+}
+
+// Rows first .. first + T - 1 of a [B, L, H, Dv] tensor.
+tensor4<double> rows_of(const tensor4<double>& x, index_t first, index_t T) {
+    tensor4<double> r(x.dimension(0), T, x.dimension(2), x.dimension(3));
+    for (index_t b = 0; b < x.dimension(0); ++b)
+        for (index_t t = 0; t < T; ++t)
+            for (index_t h = 0; h < x.dimension(2); ++h)
+                for (index_t c = 0; c < x.dimension(3); ++c) r(b, t, h, c) = x(b, first + t, h, c);
+    return r;
+}
+
+std::vector<shape> sweep() {
+    std::vector<shape> v;
+    const index_t lens[] = {1, W - 1, W, W + 1, 3 * W + 2, 13, 67, 131};
+    for (index_t Lmax : lens) {
+        if (Lmax < 1) continue;
+        for (index_t L : {index_t(1), (Lmax + 1) / 2, Lmax}) {
+            v.push_back({3, Lmax, L, 4, 2, W + 1, 3 * W + 2});
+            v.push_back({1, Lmax, L, 3, 3, 7, W});
+        }
+    }
+    for (index_t B : {1, 3, 8})
+        for (index_t Dv : {index_t(1), W - 1, W + 1, index_t(64)}) v.push_back({B, 70, 69, 4, 1, 16, Dv > 0 ? Dv : 1});
+    v.push_back({2, 200, 197, 2, 2, 64, 64});  // several key blocks, Lmax not a tile multiple
+    v.push_back({8, 97, 97, 8, 4, 2 * W, 2 * W - 1});
+    return v;
+}
+
+// ---- the map ---------------------------------------------------------------------------------
+
+TEST(static_attention_map, rows_match_reference_weights) {
+    for (const shape& s : {shape{1, 37, 37, 4, 2, 9, 3}, shape{1, 2 * W + 1, 2 * W + 1, 2, 1, W, 1}}) {
+        SCOPED_TRACE(describe(s));
+        const problem p = make_problem(s, distribution::gaussian, 100);
+        const static_attention_map map(p.qf, p.kf);
+        ASSERT_EQ(s.Lmax, map.max_length());
+        ASSERT_EQ(s.H, map.heads());
+        ASSERT_EQ(s.Hk, map.heads_kv());
+        EXPECT_EQ(static_cast<std::size_t>(s.H * s.Lmax * (s.Lmax + 1) / 2) * sizeof(float), map.bytes());
+        tensor3<double> got(s.H, s.L, s.L);
+        got.setZero();
+        for (index_t h = 0; h < s.H; ++h)
+            for (index_t i = 0; i < s.L; ++i)
+                for (index_t j = 0; j <= i; ++j) got(h, i, j) = map.row(h, i)[j];
+        // Weights are probabilities of scores up to scale |q| |k|: the magnitude is that bound.
+        EXPECT_TRUE(all_close(got, p.w, tolerance_for(kK, 1.0 + p.magnitude / max_abs(p.v))));
+    }
+}
+
+TEST(static_attention_map, apply_matches_reference_on_sweep) {
+    for (distribution d : kAllDistributions)
+        for (const shape& s : sweep()) {
+            SCOPED_TRACE(describe(s) + " " + name(d));
+            const problem p = make_problem(s, d, 200 + s.Lmax);
+            const static_attention_map map(p.qf, p.kf);
+            tensor4<float> out = make_bshd<float>(s.B, s.L, s.H, s.Dv, kSentinel);
+            map.apply(p.v, out);
+            EXPECT_TRUE(all_close(out, p.want, tolerance_for(kK, p.magnitude)));
+        }
+}
+
+// The last T rows (T = 1: a decode step over the cache v) equal those rows of the whole call.
+TEST(static_attention_map, last_rows_and_decode) {
+    const shape s{3, 150, 141, 4, 2, 16, 2 * W + 3};
+    const problem p = make_problem(s, distribution::gaussian, 300);
+    attnkit::thread_pool pool(2);
+    const static_attention_map map(p.qf, p.kf);
+    for (index_t T : {index_t(0), index_t(1), index_t(2), index_t(7), index_t(64), index_t(65), s.L}) {
+        SCOPED_TRACE(T);
+        tensor4<float> out = make_bshd<float>(s.B, T, s.H, s.Dv, kSentinel);
+        map.apply(p.v, out, &pool);
+        EXPECT_TRUE(all_close(out, rows_of(p.want, s.L - T, T), tolerance_for(kK, p.magnitude)));
+    }
+    // Decode steps over a growing cache: step len uses the first len rows of v.
+    for (index_t len : {index_t(1), index_t(2), index_t(66), s.L}) {
+        SCOPED_TRACE(len);
+        tensor4<float> cache(s.B, len, s.Hk, s.Dv);
+        for (index_t b = 0; b < s.B; ++b)
+            for (index_t j = 0; j < len; ++j)
+                for (index_t h = 0; h < s.Hk; ++h)
+                    for (index_t c = 0; c < s.Dv; ++c) cache(b, j, h, c) = p.v(b, j, h, c);
+        tensor4<float> out = make_bshd<float>(s.B, 1, s.H, s.Dv, kSentinel);
+        map.apply(cache, out);
+        EXPECT_TRUE(all_close(out, rows_of(p.want, len - 1, 1), tolerance_for(kK, p.magnitude)));
+    }
+}
+
+// from_weights uses the lower triangle as given (no renormalisation) and never reads above the
+// diagonal: NaN there changes nothing.
+TEST(static_attention_map, from_weights_ignores_upper_triangle) {
+    const index_t H = 4, Lmax = 3 * W + 2, L = Lmax - 1, B = 3, Dv = W + 1;
+    for (index_t hk : {index_t(0), index_t(2)}) {
+        SCOPED_TRACE(hk);
+        const index_t Hk = hk == 0 ? H : hk;
+        Eigen::Tensor<float, 3, Eigen::RowMajor> w(H, Lmax, Lmax);
+        fill_random(w, distribution::gaussian, 400);
+        for (index_t h = 0; h < H; ++h)
+            for (index_t i = 0; i < Lmax; ++i)
+                for (index_t j = i + 1; j < Lmax; ++j) w(h, i, j) = std::numeric_limits<float>::quiet_NaN();
+        const tensor4<float> v = random_bshd(B, L, Hk, Dv, distribution::gaussian, 401);
+        const static_attention_map map = static_attention_map::from_weights(w, hk);
+        EXPECT_EQ(Lmax, map.max_length());
+        EXPECT_EQ(H, map.heads());
+        EXPECT_EQ(Hk, map.heads_kv());
+        tensor4<float> out = make_bshd<float>(B, L, H, Dv, kSentinel);
+        map.apply(v, out);
+        tensor4<double> want = make_bshd<double>(B, L, H, Dv);
+        double mag = 0;
+        for (index_t b = 0; b < B; ++b)
+            for (index_t i = 0; i < L; ++i)
+                for (index_t h = 0; h < H; ++h) {
+                    double row = 0;
+                    for (index_t j = 0; j <= i; ++j) row += std::fabs(w(h, i, j));
+                    mag = std::max(mag, row * max_abs(v));
+                    for (index_t c = 0; c < Dv; ++c) {
+                        double acc = 0;
+                        for (index_t j = 0; j <= i; ++j) acc += double(w(h, i, j)) * v(b, j, h / (H / Hk), c);
+                        want(b, i, h, c) = acc;
+                    }
+                }
+        EXPECT_TRUE(all_close(out, want, tolerance_for(kK, mag)));
+    }
+}
+
+TEST(static_attention_map, bitwise_identical_for_any_thread_count) {
+    const shape s{3, 211, 203, 4, 2, 32, 40};
+    const problem p = make_problem(s, distribution::outliers, 500);
+    const static_attention_map m1(p.qf, p.kf);
+    tensor4<float> out1 = make_bshd<float>(s.B, s.L, s.H, s.Dv);
+    m1.apply(p.v, out1);
+    for (std::size_t n : {2u, 3u}) {
+        attnkit::thread_pool pool(n);
+        static_qk_options o;
+        o.pool = &pool;
+        const static_attention_map mn(p.qf, p.kf, o);
+        for (index_t h = 0; h < s.H; ++h)
+            for (index_t i = 0; i < s.Lmax; ++i)
+                for (index_t j = 0; j <= i; ++j) ASSERT_EQ(m1.row(h, i)[j], mn.row(h, i)[j]);
+        tensor4<float> outn = make_bshd<float>(s.B, s.L, s.H, s.Dv);
+        mn.apply(p.v, outn, &pool);
+        EXPECT_TRUE(all_close(outn, out1, 0.0, 0.0)) << n << " threads";
+    }
+}
+
+// Scores of 1e4 in magnitude: the exact row max keeps them finite.
+TEST(static_attention_map, extreme_logits) {
+    const shape s{2, 40, 40, 2, 2, 4, 5};
+    problem p = make_problem(s, distribution::gaussian, 600, 1.0f);
+    for (index_t i = 0; i < s.Lmax; ++i)
+        for (index_t h = 0; h < s.H; ++h)
+            for (index_t d = 0; d < s.D; ++d) {
+                p.qf(0, i, h, d) *= 50.0f;
+                p.kf(0, i, h, d) *= 50.0f;
+            }
+    static_qk_options o;
+    o.scale = 1.0f;
+    ref::static_qk_attention(p.qf, p.kf, p.v, p.want, o);
+    const static_attention_map map(p.qf, p.kf, o);
+    tensor4<float> out = make_bshd<float>(s.B, s.L, s.H, s.Dv, kSentinel);
+    map.apply(p.v, out);
+    EXPECT_TRUE(all_close(out, p.want, tolerance_for(kK, attention_magnitude(p.qf, p.kf, p.v, 1.0))));
+}
+
+template <class F>
+void expect_invalid(F&& f, const std::string& needle) {
+    try {
+        f();
+        ADD_FAILURE() << "no exception; expected one mentioning \"" << needle << "\"";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+}
+
+TEST(static_attention_map, bad_input_throws_before_writing) {
+    const index_t B = 2, Lmax = 9, H = 4, Hk = 2, D = 3, Dv = 5;
+    const tensor4<float> qf = random_bshd(1, Lmax, H, D, distribution::uniform, 1);
+    const tensor4<float> kf = random_bshd(1, Lmax, Hk, D, distribution::uniform, 2);
+    const static_attention_map map(qf, kf);
+    tensor4<float> out = make_bshd<float>(B, Lmax, H, Dv, kSentinel);
+
+    const tensor4<float> v_long = random_bshd(B, Lmax + 1, Hk, Dv, distribution::uniform, 3);
+    expect_invalid([&] { map.apply(v_long, out); }, "exceeds the map's Lmax = 9");
+    const tensor4<float> v_heads = random_bshd(B, Lmax, H, Dv, distribution::uniform, 4);
+    expect_invalid([&] { map.apply(v_heads, out); }, "v: expected 2 key/value heads");
+    const tensor4<float> v_short = random_bshd(B, 4, Hk, Dv, distribution::uniform, 5);
+    expect_invalid([&] { map.apply(v_short, out); }, "out: expected shape [B, T, H, Dv]");  // T = 9 > L = 4
+    tensor4<float> out_h = make_bshd<float>(B, 4, H + 1, Dv, kSentinel);
+    expect_invalid([&] { map.apply(v_short, out_h); }, "out: expected shape");
+    EXPECT_TRUE(all_equal_to(out, kSentinel));
+    EXPECT_TRUE(all_equal_to(out_h, kSentinel));
+
+    const tensor4<float> qf_b2 = random_bshd(2, Lmax, H, D, distribution::uniform, 6);
+    expect_invalid([&] { static_attention_map m(qf_b2, kf); }, "q_fixed: expected batch 1");
+    const tensor4<float> kf_h3 = random_bshd(1, Lmax, 3, D, distribution::uniform, 7);
+    expect_invalid([&] { static_attention_map m(qf, kf_h3); }, "multiple of key heads");
+    static_qk_options o;
+    o.scale = std::numeric_limits<float>::infinity();
+    expect_invalid([&] { static_attention_map m(qf, kf, o); }, "opts.scale");
+
+    const Eigen::Tensor<float, 3, Eigen::RowMajor> w_rect(2, 4, 5);
+    expect_invalid([&] { static_attention_map::from_weights(w_rect); }, "w: expected a square");
+    const tensor4<float> w4(1, 2, 4, 4);
+    expect_invalid([&] { static_attention_map::from_weights(w4); }, "w: expected rank 3");
+    const Eigen::Tensor<float, 2, Eigen::RowMajor> w2(4, 4);
+    expect_invalid([&] { static_attention_map::from_weights(w2); }, "w: expected rank 3");
+    const Eigen::Tensor<float, 3, Eigen::RowMajor> w_sq(4, 3, 3);
+    expect_invalid([&] { static_attention_map::from_weights(w_sq, 3); }, "heads_kv");
+}
+
+}  // namespace
