@@ -1,0 +1,87 @@
+// Argument validation of the self-gating ("Non-approximate") entry points: the oracle
+// (reference/self_gating_attention.hpp), the fast kernel (self_gating_attention.hpp) and
+// self_gating_state.
+//
+// Everything softmax rejects about shapes, layouts, scale and key_lengths (detail/check.hpp),
+// plus Lq == Lk: a token's gate g_j = scale <q_j, k_j> needs its own query and key. Each failure
+// throws std::invalid_argument naming the argument and the shapes, before anything is written.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnkit/detail/check.hpp"
+#include "attnkit/options.hpp"
+#include "attnkit/view.hpp"
+
+namespace attnkit {
+namespace detail {
+namespace self_gating {
+
+// key_lengths and scale follow the softmax rules exactly: one routine checks them for both.
+inline void check_options(const self_gating_options& o, const attention_shape& s) {
+    softmax_options so;
+    so.scale = o.scale;
+    so.key_lengths = o.key_lengths;
+    detail::check_options(so, s);
+}
+
+// One call: q [B,L,H,D], k [B,L,Hk,D], v [B,L,Hk,Dv], out [B,L,H,Dv] and the options.
+template <class TQ, class TK, class TV, class TO>
+attention_shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v,
+                           const view<TO, 4>& out, const self_gating_options& opts) {
+    const attention_shape s = check_qkv(q, k, v);
+    if (s.len_q != s.len_k)
+        fail("q: self-gating needs Lq == Lk (each token's gate is scale <q_j, k_j>), got q " + shape_string(q) +
+             " and k " + shape_string(k));
+    check_out("out", out, s);
+    check_options(opts, s);
+    return s;
+}
+
+// The fixed sizes of a self_gating_state, checked at construction. key_lengths (one per batch
+// item, >= 0) masks the tokens at absolute positions >= key_lengths[b] of item b, as the causal
+// call does; there is no upper bound since the state has no fixed length.
+inline void check_state_sizes(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v,
+                              const self_gating_options& opts) {
+    const std::string got = "batch " + std::to_string(batch) + ", heads " + std::to_string(heads) +
+                            ", heads_kv " + std::to_string(heads_kv) + ", dim " + std::to_string(dim) +
+                            ", dim_v " + std::to_string(dim_v);
+    if (batch < 0 || heads < 1 || heads_kv < 1 || dim < 1 || dim_v < 1)
+        fail("self_gating_state: expected batch >= 0 and heads, heads_kv, dim, dim_v >= 1, got " + got);
+    if (heads % heads_kv != 0) fail("self_gating_state: heads must be a multiple of heads_kv, got " + got);
+    check_scale(opts.scale);
+    if (!opts.key_lengths.empty()) {
+        if (static_cast<index_t>(opts.key_lengths.size()) != batch)
+            fail("opts.key_lengths: expected one per batch item, B = " + std::to_string(batch) + ", got " +
+                 std::to_string(opts.key_lengths.size()));
+        for (std::size_t b = 0; b < opts.key_lengths.size(); ++b)
+            if (opts.key_lengths[b] < 0)
+                fail("opts.key_lengths[" + std::to_string(b) + "]: expected >= 0, got " +
+                     std::to_string(opts.key_lengths[b]));
+    }
+}
+
+// One state step: q [B,T,H,D], k [B,T,Hk,D], v [B,T,Hk,Dv], out [B,T,H,Dv] with T >= 1 and the
+// sizes the state was built with.
+template <class TQ, class TK, class TV, class TO>
+attention_shape check_step(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v,
+                           const view<TO, 4>& out, index_t batch, index_t heads, index_t heads_kv,
+                           index_t dim, index_t dim_v) {
+    check_layout("q", q);
+    const index_t T = q.dims[1];
+    if (T < 1) fail("q: a step appends T >= 1 tokens, got " + shape_string(q));
+    check_shape("q", q, {batch, T, heads, dim}, "[B, T, H, D] of the state");
+    check_layout("k", k);
+    check_shape("k", k, {batch, T, heads_kv, dim}, "[B, T, Hk, D] of the state");
+    check_layout("v", v);
+    check_shape("v", v, {batch, T, heads_kv, dim_v}, "[B, T, Hk, Dv] of the state");
+    const attention_shape s = check_qkv(q, k, v);
+    check_out("out", out, s);
+    return s;
+}
+
+}  // namespace self_gating
+}  // namespace detail
+}  // namespace attnkit
