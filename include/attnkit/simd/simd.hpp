@@ -239,5 +239,78 @@ inline xsimd::batch<float, A> tanh(const xsimd::batch<float, A>& x) noexcept {
     return xsimd::tanh(x);
 }
 
+// ---- appended for self-gating attention (memory-bound streaming kernels) ----
+
+// <a, b> over n floats: four independent accumulators (a dot of D = 128 on AVX2 is 16 vector
+// FMAs; one accumulator would serialise them on the FMA latency), tail by a partial load. The
+// summation order depends only on n and the arch, so results are reproducible.
+template <class A>
+inline float dot(const float* a, const float* b, index_t n) noexcept {
+    using V = vfloat<A>;
+    constexpr index_t W = kLanes<A>;
+    V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
+    index_t i = 0;
+    for (; i + 4 * W <= n; i += 4 * W) {
+        s0 = fma(loadu<A>(a + i), loadu<A>(b + i), s0);
+        s1 = fma(loadu<A>(a + i + W), loadu<A>(b + i + W), s1);
+        s2 = fma(loadu<A>(a + i + 2 * W), loadu<A>(b + i + 2 * W), s2);
+        s3 = fma(loadu<A>(a + i + 3 * W), loadu<A>(b + i + 3 * W), s3);
+    }
+    for (; i + W <= n; i += W) s0 = fma(loadu<A>(a + i), loadu<A>(b + i), s0);
+    if (i < n) s1 = fma(load_partial<A>(a + i, n - i), load_partial<A>(b + i, n - i), s1);
+    return hsum((s0 + s1) + (s2 + s3));
+}
+
+// True when a full vector store at p may bypass the cache (stream_store below): p is aligned to
+// the vector size. Checked at run time on the caller's pointer, never assumed.
+template <class A>
+inline bool stream_aligned(const float* p) noexcept {
+    return reinterpret_cast<std::uintptr_t>(p) % (sizeof(float) * static_cast<std::size_t>(kLanes<A>)) == 0;
+}
+
+// Non-temporal store of a full vector at p, which must satisfy stream_aligned<A>(p): output that
+// is written once and not read again soon goes to memory without first reading the line
+// (no read-for-ownership), which saves a third of the traffic of a pure write stream. Falls back
+// to a plain store where the ISA has none. Call store_fence() before other threads read.
+ATTNKIT_ALWAYS_INLINE void stream_store(float* p, scalar_float v) noexcept { *p = v.v; }
+template <class A>
+ATTNKIT_ALWAYS_INLINE void stream_store(float* p, const xsimd::batch<float, A>& v) noexcept {
+    constexpr std::size_t bytes = sizeof(float) * xsimd::batch<float, A>::size;
+#if defined(__AVX512F__)
+    if constexpr (bytes == 64) { _mm512_stream_ps(p, v); return; }
+#endif
+#if defined(__AVX__)
+    if constexpr (bytes == 32) { _mm256_stream_ps(p, v); return; }
+#endif
+#if defined(__SSE__)
+    if constexpr (bytes == 16) { _mm_stream_ps(p, v); return; }
+#endif
+    v.store_aligned(p);
+}
+
+// Orders earlier non-temporal stores before later stores (x86 sfence; nothing elsewhere).
+inline void store_fence() noexcept {
+#if defined(__SSE__)
+    _mm_sfence();
+#endif
+}
+
+}  // namespace simd
+}  // namespace attnkit
+
+// ---- reductions of several vectors (appended) ----
+
+namespace attnkit {
+namespace simd {
+
+// Lane i of the result = the sum of the lanes of v[i], for kLanes<A> vectors v[0 .. W): W
+// horizontal sums as one transposing reduction (W - 1 adds and shuffles in place of W times
+// log2(W)), so that a kernel computing many dot products never reduces them one by one.
+inline scalar_float hsum_each(const scalar_float* v) noexcept { return v[0]; }
+template <class A>
+inline xsimd::batch<float, A> hsum_each(const xsimd::batch<float, A>* v) noexcept {
+    return xsimd::haddp(v);
+}
+
 }  // namespace simd
 }  // namespace attnkit
