@@ -1,13 +1,16 @@
 // Work partition of a forward call: row blocks over (batch, key/value head, query block), keys
 // split into fixed pieces when there are too few blocks to feed the threads (decode), the pieces
-// merged with their lse in a fixed order, attention sinks folded in last. Every decision depends
-// on the shapes only, so any thread count gives bitwise identical results.
+// merged in a fixed order by the row policy (softmax: with their lse; Taylor: by addition), the
+// policy's finish (sinks, Taylor's denominator) last. Every decision depends on the shapes only,
+// so any thread count gives bitwise identical results.
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "attnkit/detail/row_kernel.hpp"
+#include "attnkit/detail/row_transform.hpp"
 #include "attnkit/detail/scratch.hpp"
 #include "attnkit/detail/tile_kernel.hpp"
 #include "attnkit/thread_pool.hpp"
@@ -18,7 +21,9 @@ namespace detail {
 struct forward_outputs {
     view<float, 4> out;
     view<float, 3> lse;  // data == nullptr: not wanted
-    const float* sinks = nullptr;
+    const float* sinks = nullptr;  // softmax overload of attention_forward: one logit per head
+    // Value sets (attention_problem::n_sets): set t writes at out + t * out_set_stride (and lse).
+    index_t out_set_stride = 0, lse_set_stride = 0;
 };
 
 struct forward_plan {
@@ -43,12 +48,14 @@ struct forward_plan {
     }
 };
 
+// allow_row_path: the policy has a row kernel; n_sets value sets share each row block, so its
+// O^T panels take n_sets * Dv floats per row.
 template <class A>
-forward_plan make_plan(const attention_shape& s) {
+forward_plan make_plan(const attention_shape& s, bool allow_row_path = true, index_t n_sets = 1) {
     forward_plan pl;
     const index_t G = s.group();
-    pl.row_path = s.len_q * G <= kRowKernelMaxRows<A>;
-    pl.n_pos = pl.row_path ? s.len_q : std::max<index_t>(1, tile_traits<A>::block_rows(s.dim, s.dim_v) / G);
+    pl.row_path = allow_row_path && s.len_q * G <= kRowKernelMaxRows<A>;
+    pl.n_pos = pl.row_path ? s.len_q : std::max<index_t>(1, tile_traits<A>::block_rows(s.dim, s.dim_v * n_sets) / G);
     pl.n_qblocks = (s.len_q + pl.n_pos - 1) / pl.n_pos;
     pl.n_items = s.batch * (pl.row_path ? 1 : s.heads_k) * pl.n_qblocks;
     if (pl.n_items < kTargetWorkItems && s.len_k >= 2 * kMinSplitKeys) {
@@ -62,66 +69,91 @@ forward_plan make_plan(const attention_shape& s) {
     return pl;
 }
 
-template <class A>
-void attention_forward(const attention_problem& p, const forward_outputs& fo, thread_pool* pool) {
+// One forward call of any row policy (row_transform.hpp) over every value set of p.
+template <class A, class Policy, class KVT, class QT>
+void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& pol, const forward_outputs& fo,
+                       thread_pool* pool) {
     const attention_shape& s = p.s;
     if (s.batch == 0 || s.len_q == 0) return;
-    const forward_plan pl = make_plan<A>(s);
+    // row_kernel.hpp implements the softmax on float storage, one value set.
+    constexpr bool kRowKernel =
+        Policy::kRowKernel && std::is_same<KVT, float>::value && std::is_same<QT, float>::value;
+    const index_t n_sets = p.n_sets;
+    const forward_plan pl = make_plan<A>(s, kRowKernel && n_sets == 1, n_sets);
     const index_t Dv = s.dim_v;
 
     scratch_slots scratch;
+    // emit(set, r, o, summary) for every row of the item.
     auto run = [&](const row_block& rb, index_t ks0, index_t ks1, auto&& emit) {
         scratch_lease buf(scratch);
-        if (pl.row_path)
-            row_kernel<A>(p, rb, ks0, ks1, buf.get(), emit);
-        else
-            tile_kernel<A>(p, rb, ks0, ks1, buf.get(), emit);
+        if constexpr (kRowKernel) {
+            if (pl.row_path) {
+                row_kernel<A>(p, rb, ks0, ks1, buf.get(), [&](index_t r, float* o, float lse) { emit(0, r, o, lse); });
+                return;
+            }
+        }
+        tile_kernel<A>(p, pol, rb, ks0, ks1, buf.get(), emit);
     };
-    auto write_final = [&](const row_block& rb, index_t r, float* o, float lse) {
+    auto write_final = [&](const row_block& rb, index_t set, index_t r, float* o, float summary) {
         const index_t h = rb.head(r), i = rb.pos(r);
-        if (fo.sinks) merge_row(o, lse, nullptr, fo.sinks[h], Dv);  // a virtual key with zero value
-        float* dst = fo.out.ptr(rb.b, i, h);
+        pol.finish(o, summary, h, Dv);
+        float* dst = fo.out.ptr(rb.b, i, h) + set * fo.out_set_stride;
         std::copy(o, o + Dv, dst);
-        if (fo.lse.data) fo.lse(rb.b, i, h) = lse;
+        if (fo.lse.data) fo.lse.ptr(rb.b, i, h)[set * fo.lse_set_stride] = summary;
     };
 
     if (pl.n_split == 1) {
         parallel_for(pool, pl.n_items, [&](index_t it) {
             const row_block rb = pl.item(s, it);
-            run(rb, 0, s.len_k, [&](index_t r, float* o, float lse) { write_final(rb, r, o, lse); });
+            run(rb, 0, s.len_k,
+                [&](index_t set, index_t r, float* o, float summary) { write_final(rb, set, r, o, summary); });
         });
         return;
     }
 
-    // Split-KV: each piece writes its normalised partial, then rows merge pieces in order.
+    // Split-KV: each piece writes its emitted rows, then rows merge pieces in order.
     const index_t rows_max = pl.n_pos * s.group() * (pl.row_path ? s.heads_k : 1);
-    const index_t part_rows = pl.n_items * pl.n_split * rows_max;
+    const index_t part_rows = pl.n_items * pl.n_split * n_sets * rows_max;
     std::vector<float> part_o(static_cast<std::size_t>(part_rows * Dv));
-    std::vector<float> part_lse(static_cast<std::size_t>(part_rows));
+    std::vector<float> part_sum(static_cast<std::size_t>(part_rows));
+    // Row r of set `set` of piece sp of item it.
+    auto part_row = [&](index_t it, index_t sp, index_t set, index_t r) {
+        return ((it * pl.n_split + sp) * n_sets + set) * rows_max + r;
+    };
     parallel_for(pool, pl.n_items * pl.n_split, [&](index_t w) {
         const index_t it = w / pl.n_split, sp = w % pl.n_split;
         const row_block rb = pl.item(s, it);
         const index_t ks0 = sp * pl.split_len, ks1 = std::min(s.len_k, ks0 + pl.split_len);
-        const index_t base = w * rows_max;
-        run(rb, ks0, ks1, [&](index_t r, float* o, float lse) {
-            std::copy(o, o + Dv, part_o.data() + (base + r) * Dv);
-            part_lse[static_cast<std::size_t>(base + r)] = lse;
+        run(rb, ks0, ks1, [&](index_t set, index_t r, float* o, float summary) {
+            const index_t at = part_row(it, sp, set, r);
+            std::copy(o, o + Dv, part_o.data() + at * Dv);
+            part_sum[static_cast<std::size_t>(at)] = summary;
         });
     });
     parallel_for(pool, pl.n_items, [&](index_t it) {
         const row_block rb = pl.item(s, it);
         std::vector<float> o(static_cast<std::size_t>(Dv));
-        for (index_t r = 0; r < rb.rows(); ++r) {
-            const index_t first = it * pl.n_split * rows_max + r;
-            std::copy_n(part_o.data() + first * Dv, Dv, o.data());
-            float lse = part_lse[static_cast<std::size_t>(first)];
-            for (index_t sp = 1; sp < pl.n_split; ++sp) {
-                const index_t at = first + sp * rows_max;
-                merge_row(o.data(), lse, part_o.data() + at * Dv, part_lse[static_cast<std::size_t>(at)], Dv);
+        for (index_t set = 0; set < n_sets; ++set)
+            for (index_t r = 0; r < rb.rows(); ++r) {
+                const index_t first = part_row(it, 0, set, r);
+                std::copy_n(part_o.data() + first * Dv, Dv, o.data());
+                float summary = part_sum[static_cast<std::size_t>(first)];
+                for (index_t sp = 1; sp < pl.n_split; ++sp) {
+                    const index_t at = part_row(it, sp, set, r);
+                    pol.merge(o.data(), summary, part_o.data() + at * Dv, part_sum[static_cast<std::size_t>(at)], Dv);
+                }
+                write_final(rb, set, r, o.data(), summary);
             }
-            write_final(rb, r, o.data(), lse);
-        }
     });
+}
+
+// Softmax: the online softmax policy with the problem's soft-capping and fo.sinks.
+template <class A, class KVT, class QT>
+void attention_forward(const basic_attention_problem<KVT, QT>& p, const forward_outputs& fo, thread_pool* pool) {
+    softmax_rows pol;
+    pol.tf = p.tf;
+    pol.sinks = fo.sinks;
+    attention_forward<A>(p, pol, fo, pool);
 }
 
 }  // namespace detail

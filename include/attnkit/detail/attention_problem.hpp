@@ -2,6 +2,11 @@
 // work items (batch, key/value head, block of query positions) to rows. Rows of an item are
 // position-major: row r is query position i0 + r / G of query head hk * G + r % G, so all query
 // heads sharing a key/value head run against the same K/V rows (GQA by index, never by copy).
+//
+// The storage element types of K/V and of Q are template parameters: kernels convert to float
+// only where they pack (copy_rows, pack_q_rows in micro_kernels.hpp), so a half or bfloat16
+// cache needs no other change. Every variant's row transform is a policy (row_transform.hpp);
+// the problem holds what all of them share: shapes, rows, mask, query scale, value sets.
 #pragma once
 
 #include <algorithm>
@@ -14,26 +19,39 @@
 namespace attnkit {
 namespace detail {
 
-struct strided_rows {
-    const float* data = nullptr;
+template <class T>
+struct strided_rows_t {
+    const T* data = nullptr;
     index_t sb = 0, sl = 0, sh = 0;  // strides of batch, sequence, head; the head dim is contiguous
 
-    const float* row(index_t b, index_t l, index_t h) const { return data + b * sb + l * sl + h * sh; }
+    const T* row(index_t b, index_t l, index_t h) const { return data + b * sb + l * sl + h * sh; }
 };
+using strided_rows = strided_rows_t<float>;
 
 template <class T>
-strided_rows rows_of(const view<const T, 4>& x) {
+strided_rows_t<T> rows_of(const view<const T, 4>& x) {
     return {x.data, x.strides[0], x.strides[1], x.strides[2]};
 }
 
-struct attention_problem {
+// KVT: storage of K and V; QT: storage of Q.
+template <class KVT = float, class QT = KVT>
+struct basic_attention_problem {
+    using kv_type = KVT;
+    using q_type = QT;
+
     attention_shape s{};
-    strided_rows q, k, v;
-    float q_scale = 1.0f;  // folded into the packed queries: scale, times log2(e) unless soft-capped
-    score_transform tf;
+    strided_rows_t<QT> q;
+    strided_rows_t<KVT> k, v;
+    float q_scale = 1.0f;  // folded into the packed queries (softmax: times log2(e) unless capped)
+    score_transform tf;    // softmax only: soft-capping
     bool causal = false;
     index_t window = -1, chunk = 0;
     const std::int64_t* key_lengths = nullptr;
+    // Value sets: one score tile and row transform applied to n_sets value tensors, set t read
+    // at v + t * v_set_stride (static QK: one fixed Q/K map, every batch item's V). Each set has
+    // its own O^T accumulators and output rows; all share the row state (m, l).
+    index_t n_sets = 1;
+    index_t v_set_stride = 0;
 
     mask_params mask(index_t b) const {
         mask_params mp;
@@ -45,6 +63,7 @@ struct attention_problem {
         return mp;
     }
 };
+using attention_problem = basic_attention_problem<float>;
 
 // A block of rows: n_pos query positions from i0, all G query heads of each key/value head in
 // [hk, hk + n_hk). Rows are head-major, position-major within a head: row r belongs to key/value
@@ -59,24 +78,36 @@ struct row_block {
     index_t head(index_t r) const { return kv_head(r) * group + r % group; }
 };
 
-template <class T>
-attention_problem make_problem(const view<const T, 4>& q, const view<const T, 4>& k, const view<const T, 4>& v,
-                               const attention_shape& s, const softmax_options& o) {
-    attention_problem p;
+// What every variant shares: rows, shapes, causal (bottom-right) and key_lengths. The caller
+// sets q_scale and any other mask.
+template <class KVT, class QT>
+basic_attention_problem<KVT, QT> make_base_problem(const view<const QT, 4>& q, const view<const KVT, 4>& k,
+                                                   const view<const KVT, 4>& v, const attention_shape& s,
+                                                   bool causal, const std::vector<std::int64_t>& key_lengths) {
+    basic_attention_problem<KVT, QT> p;
     p.s = s;
     p.q = rows_of(q);
     p.k = rows_of(k);
     p.v = rows_of(v);
+    p.causal = causal;
+    p.key_lengths = key_lengths.empty() ? nullptr : key_lengths.data();
+    return p;
+}
+
+template <class T>
+basic_attention_problem<T> make_problem(const view<const T, 4>& q, const view<const T, 4>& k,
+                                        const view<const T, 4>& v, const attention_shape& s,
+                                        const softmax_options& o) {
+    // chunked local attention is causal within its chunk
+    basic_attention_problem<T> p = make_base_problem(q, k, v, s, o.causal || o.chunk > 0, o.key_lengths);
     const float scale = resolve_scale(o.scale, s.dim);
     p.tf.softcap = o.softcap > 0.0f ? o.softcap : 0.0f;
     p.q_scale = p.tf.softcap > 0.0f ? scale : scale * simd::kLog2e;
-    p.causal = o.causal || o.chunk > 0;  // chunked local attention is causal within its chunk
     // A window or chunk longer than every position and key changes nothing; clamping keeps the
     // position arithmetic of mask.hpp far from overflow for any value the options accept.
     const index_t span = s.len_q + s.len_k + 1;
     p.window = o.window_left < 0 ? -1 : std::min<index_t>(o.window_left, span);
     p.chunk = o.chunk <= 0 ? 0 : std::min<index_t>(o.chunk, span);
-    p.key_lengths = o.key_lengths.empty() ? nullptr : o.key_lengths.data();
     return p;
 }
 

@@ -8,18 +8,33 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "attnkit/detail/tile_traits.hpp"
 
 namespace attnkit {
 namespace detail {
 
-// Copies n rows of a K or V block into a dense buffer with row stride ld (>= n_cols). Rows of
-// one head sit H * D floats apart in BSHD, usually a multiple of 4 KiB, so every row of a block
-// would fall into the same L1 set; dense copies with a 512-byte-ish stride stream instead. The
-// copy is O(keys x D) per block against O(rows x keys x D) of FMAs.
-inline void copy_rows(const float* src, index_t src_stride, index_t n, index_t n_cols, index_t ld, float* dst) {
-    for (index_t j = 0; j < n; ++j) std::copy_n(src + j * src_stride, n_cols, dst + j * ld);
+// Copies n rows of a K or V block into a dense float buffer with row stride ld (>= n_cols). Rows
+// of one head sit H * D elements apart in BSHD, usually a multiple of 4 KiB, so every row of a
+// block would fall into the same L1 set; dense copies with a 512-byte-ish stride stream instead.
+// The copy is O(keys x D) per block against O(rows x keys x D) of FMAs, which also makes it the
+// one place where a narrower storage type (half, bfloat16) is converted to float.
+template <class SrcT>
+inline void copy_rows(const SrcT* src, index_t src_stride, index_t n, index_t n_cols, index_t ld, float* dst) {
+    for (index_t j = 0; j < n; ++j) {
+        if constexpr (std::is_same<SrcT, float>::value)
+            std::copy_n(src + j * src_stride, n_cols, dst + j * ld);
+        else
+            for (index_t c = 0; c < n_cols; ++c) dst[j * ld + c] = static_cast<float>(src[j * src_stride + c]);
+    }
+}
+
+// Packs one query row, scaled, as column `r % RT` of a Q^T panel (d-major, stride RT): the
+// other conversion point of a narrower storage type.
+template <class SrcT>
+inline void pack_q_row(const SrcT* src, index_t dim, float scale, float* dst, index_t stride) {
+    for (index_t d = 0; d < dim; ++d) dst[d * stride] = static_cast<float>(src[d]) * scale;
 }
 
 // Whether a dense tile holds only finite values (x * 0 is NaN exactly for NaN and +-inf).
@@ -39,8 +54,9 @@ inline bool all_finite(const float* x, index_t n) {
 // Each row is a page-sized stride away from the last, which hardware prefetchers do not follow,
 // so kernels prefetch the rows of the next block while computing this one, a slice per panel:
 // a burst of a whole block's lines would exhaust the miss buffers and stall.
-inline void prefetch_rows(const float* src, index_t src_stride, index_t j_begin, index_t j_end, index_t n_cols) {
-    constexpr index_t kLine = 64 / sizeof(float);
+template <class SrcT>
+inline void prefetch_rows(const SrcT* src, index_t src_stride, index_t j_begin, index_t j_end, index_t n_cols) {
+    constexpr index_t kLine = 64 / sizeof(SrcT);
     for (index_t j = j_begin; j < j_end; ++j)
         for (index_t c = 0; c < n_cols; c += kLine) ATTNKIT_PREFETCH(src + j * src_stride + c);
 }

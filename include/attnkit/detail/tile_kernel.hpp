@@ -1,6 +1,7 @@
 // The tiled forward kernel for one row block (FlashAttention-style): Q^T packed once, then for
-// each key block S^T = K Q^T, online softmax, O^T += V^T P^T, all on row panels in lanes. The
-// L x L score matrix never exists; extra memory is a few panels per call.
+// each key block S^T = K Q^T, the policy's row transform (online softmax, Taylor polynomial,
+// ...; row_transform.hpp), O^T = alpha O^T + V^T P^T for each value set, all on row panels in
+// lanes. The L x L score matrix never exists; extra memory is a few panels per call.
 #pragma once
 
 #include <algorithm>
@@ -8,39 +9,44 @@
 
 #include "attnkit/detail/attention_problem.hpp"
 #include "attnkit/detail/micro_kernels.hpp"
+#include "attnkit/detail/row_transform.hpp"
 
 namespace attnkit {
 namespace detail {
 
-// emit(r, o_row, lse) receives each row's output normalised over keys [ks0, ks1) and its lse.
+// emit(set, r, o_row, summary) receives each row of each value set over keys [ks0, ks1),
+// scaled by the policy's emit_scale, with the policy's summary (softmax: normalised, lse).
 // buf is reused scratch (any contents; resized and cleared here).
-template <class A, class Emit>
-void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, index_t ks1, std::vector<float>& buf,
-                 Emit&& emit) {
+template <class A, class Policy, class KVT, class QT, class Emit>
+void tile_kernel(const basic_attention_problem<KVT, QT>& p, const Policy& pol, const row_block& rb, index_t ks0,
+                 index_t ks1, std::vector<float>& buf, Emit&& emit) {
     using TT = tile_traits<A>;
     using V = simd::vfloat<A>;
     constexpr index_t RT = TT::kTileRows;
     constexpr index_t BK = TT::kBlockKeys;
     constexpr int MR = TT::kMR;  // V tile rows padded to whole micro tiles of columns
-    const index_t D = p.s.dim, Dv = p.s.dim_v, R = rb.rows();
+    constexpr index_t NS = Policy::kStateArrays;
+    const index_t D = p.s.dim, Dv = p.s.dim_v, R = rb.rows(), n_sets = p.n_sets;
     const index_t n_panels = (R + RT - 1) / RT, rows_pad = n_panels * RT;
     const index_t dv_pad = (Dv + MR - 1) / MR * MR;
+    const index_t ot_size = rows_pad * dv_pad, vp_size = BK * dv_pad;
 
-    // One allocation per row block: Q^T and O^T panels, one S^T panel, K and V tiles, row state.
-    // K tile: MR spare rows, since a panel's key range may start inside the tile and the scores
-    // micro-kernel reads whole groups of MR keys.
-    buf.assign(static_cast<std::size_t>(rows_pad * (D + dv_pad + 4) + BK * (RT + dv_pad) + (BK + MR) * D + RT * Dv), 0.0f);
+    // One allocation per row block: Q^T and (per value set) O^T panels, one S^T panel, K and
+    // (per set) V tiles, row state and intervals. K tile: MR spare rows, since a panel's key
+    // range may start inside the tile and the scores micro-kernel reads whole groups of MR keys.
+    buf.assign(static_cast<std::size_t>(rows_pad * (D + n_sets * dv_pad + NS + 2) + BK * RT + n_sets * vp_size +
+                                        (BK + MR) * D + RT * Dv),
+               0.0f);
     float* qt = buf.data();
     float* ot = qt + rows_pad * D;
-    float* st = ot + rows_pad * dv_pad;
+    float* st = ot + n_sets * ot_size;
     float* kp = st + BK * RT;
     float* vp = kp + (BK + MR) * D;
-    float* m = vp + BK * dv_pad;
-    float* l = m + rows_pad;
-    float* lo = l + rows_pad;
+    float* state = vp + n_sets * vp_size;
+    float* lo = state + NS * rows_pad;
     float* hi = lo + rows_pad;
     float* orows = hi + rows_pad;
-    std::fill(m, m + rows_pad, kNegInf);  // padded rows keep lo = hi = 0: nothing visible
+    pol.init(state, rows_pad);  // padded rows keep lo = hi = 0: nothing visible
 
     // Per panel: the smallest and largest first and last visible key of its rows. A key block is
     // skipped by a panel that sees none of it, and runs without mask tests where all its rows
@@ -57,9 +63,7 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
     const mask_params mp = p.mask(rb.b);
     for (index_t r = 0; r < R; ++r) {
         const index_t t = r / RT;
-        const float* qr = p.q.row(rb.b, rb.pos(r), rb.head(r));
-        float* dst = qt + t * D * RT + r % RT;
-        for (index_t d = 0; d < D; ++d) dst[d * RT] = qr[d] * p.q_scale;
+        pack_q_row(p.q.row(rb.b, rb.pos(r), rb.head(r)), D, p.q_scale, qt + t * D * RT + r % RT, RT);
         index_t a, z;
         row_interval(mp, rb.pos(r), ks0, ks1, a, z);
         lo[r] = static_cast<float>(a);
@@ -78,20 +82,25 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
 
     if (k_lo < k_hi) {
         const index_t n_blocks = (k_hi - k_lo + BK - 1) / BK;
-        const float* kb0 = p.k.row(rb.b, 0, rb.hk);
-        const float* vb0 = p.v.row(rb.b, 0, rb.hk);
+        const KVT* kb0 = p.k.row(rb.b, 0, rb.hk);
+        const KVT* vb0 = p.v.row(rb.b, 0, rb.hk);
+        std::vector<char> v_finite(static_cast<std::size_t>(n_sets));  // per set: its V tile is finite
         // Last block first: under causal and window masks the partial blocks sit at the ends of
         // the range, and the blocks between them run without per-element mask tests.
         for (index_t bi = n_blocks - 1; bi >= 0; --bi) {
             const index_t j0 = k_lo + bi * BK, j1 = std::min(j0 + BK, k_hi), nk = j1 - j0;
             copy_rows(kb0 + j0 * p.k.sl, p.k.sl, nk, D, D, kp);
-            copy_rows(vb0 + j0 * p.v.sl, p.v.sl, nk, Dv, dv_pad, vp);
-            const bool v_finite = all_finite<A>(vp, nk * dv_pad);
+            for (index_t set = 0; set < n_sets; ++set) {
+                float* vps = vp + set * vp_size;
+                copy_rows(vb0 + set * p.v_set_stride + j0 * p.v.sl, p.v.sl, nk, Dv, dv_pad, vps);
+                v_finite[static_cast<std::size_t>(set)] = all_finite<A>(vps, nk * dv_pad);
+            }
             for (index_t t = 0; t < n_panels; ++t) {
                 if (bi > 0) {
                     const index_t a = t * BK / n_panels, z = (t + 1) * BK / n_panels;
                     prefetch_rows(kb0 + (j0 - BK) * p.k.sl, p.k.sl, a, z, D);
-                    prefetch_rows(vb0 + (j0 - BK) * p.v.sl, p.v.sl, a, z, Dv);
+                    for (index_t set = 0; set < n_sets; ++set)
+                        prefetch_rows(vb0 + set * p.v_set_stride + (j0 - BK) * p.v.sl, p.v.sl, a, z, Dv);
                 }
                 // Only the keys some row of this panel sees: on the causal diagonal this trims
                 // the block to the panel's rows instead of computing scores to be masked.
@@ -101,14 +110,16 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
                 V alpha[TT::kNR], block_max[TT::kNR];
                 for (auto& x : block_max) x = V(kNegInf);
                 scores_panel<A>(kp + (jb - j0) * D, n, qt + t * D * RT, D, st, block_max);
-                softmax_panel<A>(st, n, jb, masked, lo + t * RT, hi + t * RT, p.tf, m + t * RT, l + t * RT,
-                                 block_max, alpha);
-                const float* vpj = vp + (jb - j0) * dv_pad;
-                if (masked && !v_finite)
-                    values_panel<A, true>(vpj, dv_pad, n, st, alpha, ot + t * dv_pad * RT, jb, lo + t * RT,
-                                          hi + t * RT);
-                else
-                    values_panel<A>(vpj, dv_pad, n, st, alpha, ot + t * dv_pad * RT);
+                pol.template transform<A>(st, n, jb, masked, lo + t * RT, hi + t * RT, state + t * RT, rows_pad,
+                                          block_max, alpha);
+                for (index_t set = 0; set < n_sets; ++set) {
+                    const float* vpj = vp + set * vp_size + (jb - j0) * dv_pad;
+                    float* ot_t = ot + set * ot_size + t * dv_pad * RT;
+                    if (masked && !v_finite[static_cast<std::size_t>(set)])
+                        values_panel<A, true>(vpj, dv_pad, n, st, alpha, ot_t, jb, lo + t * RT, hi + t * RT);
+                    else
+                        values_panel<A>(vpj, dv_pad, n, st, alpha, ot_t);
+                }
             }
         }
     }
@@ -118,14 +129,20 @@ void tile_kernel(const attention_problem& p, const row_block& rb, index_t ks0, i
     constexpr index_t kTile = 16;
     for (index_t t = 0; t < n_panels; ++t) {
         const index_t r0 = t * RT, nr = std::min(RT, R - r0);
-        const float* ot_t = ot + t * dv_pad * RT;
-        float inv[RT];
-        for (index_t i = 0; i < nr; ++i) inv[i] = row_inv_sum(l[r0 + i]);
-        for (index_t c0 = 0; c0 < Dv; c0 += kTile)
-            for (index_t i0 = 0; i0 < nr; i0 += kTile)
-                for (index_t i = i0; i < std::min(i0 + kTile, nr); ++i)
-                    for (index_t c = c0; c < std::min(c0 + kTile, Dv); ++c) orows[i * Dv + c] = ot_t[c * RT + i] * inv[i];
-        for (index_t i = 0; i < nr; ++i) emit(r0 + i, orows + i * Dv, row_lse(m[r0 + i], l[r0 + i]));
+        float scale[RT], summary[RT];
+        for (index_t i = 0; i < nr; ++i) {
+            scale[i] = pol.emit_scale(state + r0 + i, rows_pad);
+            summary[i] = pol.summary(state + r0 + i, rows_pad);
+        }
+        for (index_t set = 0; set < n_sets; ++set) {
+            const float* ot_t = ot + set * ot_size + t * dv_pad * RT;
+            for (index_t c0 = 0; c0 < Dv; c0 += kTile)
+                for (index_t i0 = 0; i0 < nr; i0 += kTile)
+                    for (index_t i = i0; i < std::min(i0 + kTile, nr); ++i)
+                        for (index_t c = c0; c < std::min(c0 + kTile, Dv); ++c)
+                            orows[i * Dv + c] = ot_t[c * RT + i] * scale[i];
+            for (index_t i = 0; i < nr; ++i) emit(set, r0 + i, orows + i * Dv, summary[i]);
+        }
     }
 }
 
