@@ -1,0 +1,312 @@
+// One work item of multi-token attention: a block of query rows of one batch item, all heads
+// together (head mixing couples them). Per key block (blocks above the causal diagonal skipped):
+//
+//   build_y      X = Mask0(scores) on the micro-kernels, for the block's rows plus the c_q - 1
+//                halo rows and (c_k - 1) / 2 halo keys each side; Y = KQConv(X); Y = HeadMix(Y)
+//   pass_a       online softmax of Y per head; with values (one pass) or only the row statistics
+//   pass_b       rebuilds Y for c_q - 1 more halo rows and keys, P = 2^(Y - lse), post
+//                convolution + Mask0, head mixing (when it cannot move to the outputs), P V
+//   epilogue     normalisation, head mixing of the outputs, group norm, depth scale, gate
+//
+// The L x L matrices never exist: a work item holds a few tiles of [heads, rows, keys].
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "attnkit/detail/micro_kernels.hpp"
+#include "attnkit/detail/mta/plan.hpp"
+#include "attnkit/detail/mta/tile_ops.hpp"
+
+namespace attnkit {
+namespace detail {
+namespace mta {
+
+struct problem {
+    strided4 q, k, v;
+    float* out = nullptr;
+    index_t ob = 0, ol = 0, oh = 0;
+    float* stats = nullptr;  // [B, L, H] log2-domain lse of the pre-softmax result (two passes)
+};
+
+template <class A>
+class block_kernel {
+    using TT = tile_traits<A>;
+    using V = simd::vfloat<A>;
+    static constexpr index_t RT = TT::kTileRows;
+    static constexpr int kNR = TT::kNR;
+
+   public:
+    block_kernel(const plan& pl, const problem& pr, float* buf)
+        : p_(pl), pr_(pr), buf_(buf), yh_(pl.H), spare_(pl.H), in_(pl.H) {}
+
+    // Rows [i0, i1) of batch item b.
+    void run(index_t b, index_t i0, index_t i1, bool stats_only) {
+        if (stats_only || !p_.two_pass)
+            pass_a(b, i0, i1, stats_only);
+        else
+            pass_b(b, i0, i1);
+    }
+
+   private:
+    const plan& p_;
+    const problem& pr_;
+    float* buf_;
+    std::vector<float*> yh_;        // per head: the current Y (or P, Z) tile
+    std::vector<float*> spare_;     // per head: the other tile set, for head mixing
+    std::vector<const float*> in_;  // per head (or group member): inputs of a mix or convolution
+    bool in_y2_ = false;
+    index_t k_loaded_ = -1, v_loaded_ = -1, v_key0_ = -1;
+
+    float* at(index_t off) const { return buf_ + off; }
+
+    // Q^T panels of every head for rows [r0, r0 + np * RT), scaled; rows outside [0, L) are 0.
+    void pack_q(index_t b, index_t r0, index_t np) {
+        float* qt = at(p_.o_qt);
+        for (index_t h = 0; h < p_.H; ++h)
+            for (index_t r = 0; r < np * RT; ++r) {
+                float* dst = qt + (h * np + r / RT) * p_.D * RT + r % RT;
+                const index_t i = r0 + r;
+                if (i < 0 || i >= p_.L) {
+                    for (index_t d = 0; d < p_.D; ++d) dst[d * RT] = 0.0f;
+                } else {
+                    const float* src = pr_.q.row(b, i, h);
+                    for (index_t d = 0; d < p_.D; ++d) dst[d * RT] = src[d] * p_.q_scale;
+                }
+            }
+    }
+
+    // Scores of head h for keys [kv0, kv0 + nv) against Q^T panel px of np_q panels, into st.
+    void scores(index_t b, index_t h, index_t kv0, index_t nv, index_t np_q, index_t px, float* st) {
+        const index_t kvh = h / p_.group;
+        float* kp = at(p_.o_kp);
+        if (k_loaded_ != kvh) {  // one key range per build_y: the K tile is reused across its heads
+            copy_rows(pr_.k.row(b, kv0, kvh), pr_.k.sl, nv, p_.D, p_.D, kp);
+            k_loaded_ = kvh;
+        }
+        V mx[kNR];
+        for (auto& x : mx) x = V(kNegInf);
+        scores_panel<A>(kp, nv, at(p_.o_qt) + (h * np_q + px) * p_.D * RT, p_.D, st, mx);
+    }
+
+    // Y for rows [yr0, yr0 + npy * RT) and keys [ka, ka + nk) of every head, in panel layout
+    // (key stride nkp); leaves yh_ pointing at it. Keys outside [0, L) and above every row
+    // are left unset (every consumer masks them).
+    void build_y(index_t b, index_t yr0, index_t npy, index_t npx, index_t ka, index_t nk) {
+        const index_t H = p_.H, nkp = p_.nkp;
+        const index_t kend = std::min(p_.L, yr0 + npy * RT);
+        for (index_t h = 0; h < H; ++h) yh_[h] = at(p_.o_y) + h * npy * nkp * RT;
+        in_y2_ = false;
+        k_loaded_ = -1;
+        if (p_.pre.on()) {
+            const index_t G = p_.pre.groups, cq = p_.pre.c_q, ck = p_.pre.c_k;
+            const index_t kx0 = ka - p_.hk1, nx = round_up(nk, 4) + ck - 1, xr0 = yr0 - p_.hq1, rs = npx * RT;
+            const index_t v0 = std::max<index_t>(kx0, 0), v1 = std::min(kx0 + nx, kend), nv = v1 - v0;
+            const float** in = in_.data();
+            for (index_t g0 = 0; g0 < H; g0 += G) {
+                for (index_t m = 0; m < G; ++m) {
+                    float* xw = at(p_.o_xw) + m * p_.nkx * p_.rsx;
+                    in[m] = xw;
+                    const index_t z0 = std::min(nx, std::max<index_t>(v0 - kx0, 0));
+                    std::fill(xw, xw + z0 * rs, 0.0f);
+                    if (nv <= 0) {
+                        std::fill(xw, xw + nx * rs, 0.0f);
+                        continue;
+                    }
+                    std::fill(xw + (v1 - kx0) * rs, xw + nx * rs, 0.0f);
+                    float* st = at(p_.o_st);
+                    for (index_t px = 0; px < npx; ++px) {
+                        scores(b, g0 + m, v0, nv, npx, px, st);
+                        scatter_mask0<A>(st, nv, v0, xr0 + px * RT, xw + (v0 - kx0) * rs, rs, px * RT);
+                    }
+                }
+                for (index_t m = 0; m < G; ++m) {
+                    const index_t h = g0 + m;
+                    conv_panels<A>(in, rs, p_.th_pre.data() + h * G * cq * ck, G, cq, ck, nk, npy, ka, yr0, false,
+                                   yh_[h], nkp);
+                }
+            }
+        } else {
+            const index_t v0 = std::max<index_t>(ka, 0), v1 = std::min(ka + nk, kend), nv = v1 - v0;
+            if (nv > 0)
+                for (index_t h = 0; h < H; ++h)
+                    for (index_t px = 0; px < npy; ++px)
+                        scores(b, h, v0, nv, npy, px, yh_[h] + px * nkp * RT + (v0 - ka) * RT);
+        }
+        if (p_.head_pre) mix(p_.w_pre.data(), npy * nkp * RT);
+    }
+
+    // Head mixing from the current tile set into the other one (same per-head offsets).
+    void mix(const float* w, index_t n) {
+        float* cur = at(in_y2_ ? p_.o_y2 : p_.o_y);
+        float* other = at(in_y2_ ? p_.o_y : p_.o_y2);
+        for (index_t h = 0; h < p_.H; ++h) {
+            in_[h] = yh_[h];
+            spare_[h] = other + (yh_[h] - cur);
+        }
+        head_mix<A>(in_.data(), spare_.data(), w, p_.H, n);
+        for (index_t h = 0; h < p_.H; ++h) yh_[h] = spare_[h];
+        in_y2_ = !in_y2_;
+    }
+
+    // The V tile of key/value head kvh for keys [j0, j0 + n).
+    const float* v_tile(index_t b, index_t kvh, index_t j0, index_t n) {
+        float* vp = at(p_.o_vp);
+        if (v_loaded_ != kvh || v_key0_ != j0) {
+            copy_rows(pr_.v.row(b, j0, kvh), pr_.v.sl, n, p_.Dv, p_.dv_pad, vp);
+            v_loaded_ = kvh;
+            v_key0_ = j0;
+        }
+        return vp;
+    }
+
+    void zero_outputs() { std::fill(at(p_.o_ot), at(p_.o_ot) + p_.H * p_.npo * RT * p_.dv_pad, 0.0f); }
+
+    float* ot(index_t h, index_t pnl) const { return at(p_.o_ot) + (h * p_.npo + pnl) * p_.dv_pad * RT; }
+
+    void pass_a(index_t b, index_t i0, index_t i1, bool stats_only) {
+        const index_t R = i1 - i0, npo = (R + RT - 1) / RT, npx = p_.pre.on() ? (npo * RT + p_.hq1 + RT - 1) / RT : npo;
+        pack_q(b, i0 - p_.hq1 * (p_.pre.on() ? 1 : 0), npx);
+        float* m = at(p_.o_m);
+        float* l = at(p_.o_l);
+        std::fill(m, m + p_.H * p_.npo * RT, kNegInf);
+        std::fill(l, l + p_.H * p_.npo * RT, 0.0f);
+        zero_outputs();
+        for (index_t j0 = 0; j0 < i1; j0 += p_.block_keys) {
+            const index_t nk = std::min(p_.block_keys, i1 - j0);
+            build_y(b, i0, npo, npx, j0, nk);
+            v_key0_ = -1;
+            for (index_t h = 0; h < p_.H; ++h)
+                for (index_t pnl = 0; pnl < npo; ++pnl) {
+                    const index_t row0 = i0 + pnl * RT, n = std::min(nk, row0 + RT - j0);
+                    if (n <= 0) continue;
+                    V alpha[kNR];
+                    float* y = yh_[h] + pnl * p_.nkp * RT;
+                    const index_t so = (h * p_.npo + pnl) * RT;
+                    online_softmax<A>(y, n, j0, row0, m + so, l + so, alpha);
+                    if (!stats_only) values_panel<A>(v_tile(b, h / p_.group, j0, nk), p_.dv_pad, n, y, alpha, ot(h, pnl));
+                }
+        }
+        if (stats_only) {
+            for (index_t r = 0; r < R; ++r)
+                for (index_t h = 0; h < p_.H; ++h) {
+                    const index_t so = h * p_.npo * RT + r;
+                    pr_.stats[(b * p_.L + i0 + r) * p_.H + h] = m[so] + std::log2(l[so]);
+                }
+            return;
+        }
+        epilogue(b, i0, R, l);
+    }
+
+    void pass_b(index_t b, index_t i0, index_t i1) {
+        const index_t R = i1 - i0, npo = (R + RT - 1) / RT, yr0 = i0 - p_.hq2;
+        const index_t npy = (npo * RT + p_.hq2 + RT - 1) / RT;
+        const index_t npx = p_.pre.on() ? (npy * RT + p_.hq1 + RT - 1) / RT : npy;
+        pack_q(b, yr0 - (p_.pre.on() ? p_.hq1 : 0), npx);
+        float* lse = at(p_.o_lse);
+        for (index_t h = 0; h < p_.H; ++h)
+            for (index_t r = 0; r < npy * RT; ++r) {
+                const index_t i = yr0 + r;
+                lse[h * npy * RT + r] = (i >= 0 && i < i1) ? pr_.stats[(b * p_.L + i) * p_.H + h] : 0.0f;
+            }
+        zero_outputs();
+        V one[kNR];
+        for (auto& x : one) x = V(1.0f);
+        for (index_t j0 = 0; j0 < i1; j0 += p_.block_keys) {
+            const index_t nk = std::min(p_.block_keys, i1 - j0);
+            if (p_.post.on()) {
+                const index_t G = p_.post.groups, cq = p_.post.c_q, ck = p_.post.c_k;
+                const index_t ka = j0 - p_.hk2, ny = round_up(nk, 4) + ck - 1;
+                build_y(b, yr0, npy, npx, ka, ny);
+                const float** in = in_.data();
+                for (index_t g0 = 0; g0 < p_.H; g0 += G) {
+                    for (index_t mm = 0; mm < G; ++mm) {
+                        const index_t hh = g0 + mm;
+                        float* pw = at(p_.o_pw) + mm * p_.nkp * p_.rsp;
+                        in[mm] = pw;
+                        for (index_t pnl = 0; pnl < npy; ++pnl)
+                            probabilities<A>(yh_[hh] + pnl * p_.nkp * RT, ny, ka, yr0 + pnl * RT,
+                                             lse + hh * npy * RT + pnl * RT, pw + pnl * RT, npy * RT);
+                    }
+                    for (index_t mm = 0; mm < G; ++mm) {
+                        const index_t h = g0 + mm;
+                        conv_panels<A>(in, npy * RT, p_.th_post.data() + h * G * cq * ck, G, cq, ck, nk, npo, j0, i0,
+                                       true, yh_[h], p_.nkp);
+                    }
+                }
+            } else {
+                build_y(b, i0, npo, npx, j0, nk);
+                for (index_t h = 0; h < p_.H; ++h)
+                    for (index_t pnl = 0; pnl < npo; ++pnl) {
+                        float* y = yh_[h] + pnl * p_.nkp * RT;
+                        probabilities<A>(y, nk, j0, i0 + pnl * RT, lse + h * npy * RT + pnl * RT, y, RT);
+                    }
+            }
+            if (p_.head_post && !p_.mix_outputs) mix(p_.w_post.data(), npo * p_.nkp * RT);
+            v_key0_ = -1;
+            for (index_t h = 0; h < p_.H; ++h)
+                for (index_t pnl = 0; pnl < npo; ++pnl) {
+                    const index_t row0 = i0 + pnl * RT, n = std::min(nk, row0 + RT - j0);
+                    if (n <= 0) continue;
+                    values_panel<A>(v_tile(b, h / p_.group, j0, nk), p_.dv_pad, n, yh_[h] + pnl * p_.nkp * RT, one,
+                                    ot(h, pnl));
+                }
+        }
+        epilogue(b, i0, R, nullptr);
+    }
+
+    // O^T panels to rows (times 1 / l when l is given), then the per-row stages, then out.
+    void epilogue(index_t b, index_t i0, index_t R, const float* l) {
+        const index_t H = p_.H, Dv = p_.Dv;
+        float* rows = at(p_.o_rows);
+        float* mixed = rows + p_.block_rows * H * Dv;
+        for (index_t h = 0; h < H; ++h)
+            for (index_t r = 0; r < R; ++r) {
+                const float* o = ot(h, r / RT) + r % RT;
+                float inv = 1.0f;
+                if (l) {
+                    const float lv = l[h * p_.npo * RT + r];
+                    inv = lv == 0.0f ? 0.0f : 1.0f / lv;
+                }
+                float* dst = rows + (r * H + h) * Dv;
+                for (index_t c = 0; c < Dv; ++c) dst[c] = o[c * RT] * inv;
+            }
+        for (index_t r = 0; r < R; ++r) {
+            float* x = rows + r * H * Dv;
+            if (p_.head_post && p_.mix_outputs) {
+                for (index_t h = 0; h < H; ++h) {
+                    float* y = mixed + h * Dv;
+                    std::fill(y, y + Dv, 0.0f);
+                    for (index_t g = 0; g < H; ++g) {
+                        const float w = p_.w_post[static_cast<std::size_t>(h * H + g)];
+                        if (w == 0.0f) continue;
+                        for (index_t c = 0; c < Dv; ++c) y[c] += w * x[g * Dv + c];
+                    }
+                }
+                x = mixed;
+            }
+            for (index_t h = 0; h < H; ++h) {
+                float* y = x + h * Dv;
+                float scale = p_.depth;
+                if (!p_.norm_w.empty()) {
+                    float ss = 0.0f;
+                    for (index_t c = 0; c < Dv; ++c) ss += y[c] * y[c];
+                    const float rn = 1.0f / std::sqrt(ss / static_cast<float>(Dv) + p_.eps);
+                    for (index_t c = 0; c < Dv; ++c) y[c] *= rn * p_.norm_w[static_cast<std::size_t>(c)];
+                }
+                if (!p_.gate_w.empty()) {
+                    float t = p_.gate_b;
+                    for (index_t c = 0; c < Dv; ++c) t += y[c] * scale * p_.gate_w[static_cast<std::size_t>(c)];
+                    scale *= 1.0f / (1.0f + std::exp(-t));
+                }
+                float* dst = pr_.out + b * pr_.ob + (i0 + r) * pr_.ol + h * pr_.oh;
+                for (index_t c = 0; c < Dv; ++c) dst[c] = y[c] * scale;
+            }
+        }
+    }
+};
+
+}  // namespace mta
+}  // namespace detail
+}  // namespace attnkit

@@ -1,0 +1,112 @@
+// Multi-token attention (Golovneva et al.; variants.md section 7), the fused kernel.
+//
+//   attnkit::mta_attention(q, k, v, out, opts);    q [B,L,H,D], k [B,L,Hk,D], v [B,L,Hk,Dv], out [B,L,H,Dv]
+//   attnkit::mta_head_kernel_to_matrix(kernel, w); grouped head kernel [H/c_h, c_h, c_h] -> w [H, H]
+//   attnkit::mta_state st(batch, heads, heads_kv, dim, dim_v, opts); st.step(q, k, v, out);   decode
+//
+// Always causal, Lq = Lk. Stages (each optional, see mta_options): key-query convolution and head
+// mixing of the scores, causal softmax, key-query convolution and head mixing of the
+// probabilities, P V, group norm, depth scale, gate.
+//
+// How it runs (detail/mta/block_kernel.hpp): work items are (batch item, block of 64 query
+// rows), all heads together. Without post-softmax stages one pass does online softmax over
+// key blocks, recomputing the c_q - 1 halo rows and (c_k - 1) / 2 halo keys each side of the
+// convolution. A post-softmax convolution (or a head mixing that crosses value heads) needs
+// final probabilities: a row-statistics pass stores each row's lse ([B, L, H] floats), and a
+// second pass rebuilds the tiles with c_q - 1 more halo rows, forms the probabilities, convolves,
+// mixes and multiplies by V. Post-softmax head mixing among heads that read the same value head
+// (always with MHA) commutes with P V and is applied to the outputs instead. The [H, L, L]
+// tensors never exist; scratch is a few tiles per thread. Results are bitwise identical for any
+// thread count (fixed partition, every item computed by one thread).
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "attnkit/detail/mta/block_kernel.hpp"
+#include "attnkit/detail/mta/check.hpp"
+#include "attnkit/detail/mta/plan.hpp"
+#include "attnkit/detail/scratch.hpp"
+#include "attnkit/options.hpp"
+#include "attnkit/thread_pool.hpp"
+#include "attnkit/view.hpp"
+
+namespace attnkit {
+namespace detail {
+namespace mta {
+
+template <class T, int N>
+strided4 strided(const view<const T, N>& x) {
+    return {x.data, x.strides[0], x.strides[1], x.strides[2]};
+}
+
+template <class A>
+void forward(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
+             const view<float, 4>& out, const mta_options& opts) {
+    const shape ms = check_call(q, k, v, out, opts);
+    if (ms.s.batch == 0 || ms.s.len_q == 0) return;
+    const plan pl = make_plan<A>(ms, opts);
+    problem pr;
+    pr.q = strided(q), pr.k = strided(k), pr.v = strided(v);
+    pr.out = out.data, pr.ob = out.strides[0], pr.ol = out.strides[1], pr.oh = out.strides[2];
+    std::vector<float> stats;
+    if (pl.two_pass) {
+        stats.resize(static_cast<std::size_t>(pl.B * pl.L * pl.H));
+        pr.stats = stats.data();
+    }
+    scratch_slots scratch;
+    // Heavy items first: the last query blocks see the most keys.
+    auto pass = [&](bool stats_only) {
+        parallel_for(opts.pool, pl.n_items(), [&](index_t it) {
+            const index_t qb = pl.n_qblocks - 1 - it / pl.B, b = it % pl.B;
+            const index_t i0 = qb * pl.block_rows, i1 = std::min(pl.L, i0 + pl.block_rows);
+            scratch_lease lease(scratch);
+            std::vector<float>& buf = lease.get();
+            if (static_cast<index_t>(buf.size()) < pl.total) buf.assign(static_cast<std::size_t>(pl.total), 0.0f);
+            block_kernel<A>(pl, pr, buf.data()).run(b, i0, i1, stats_only);
+        });
+    };
+    if (pl.two_pass) pass(true);
+    pass(false);
+}
+
+}  // namespace mta
+}  // namespace detail
+
+template <class Q, class K, class V, class O>
+void mta_attention(const Q& q, const K& k, const V& v, O&& out, const mta_options& opts = {}) {
+    const auto qv = detail::q_view(q);
+    const auto kv = detail::k_view(k);
+    const auto vv = detail::v_view(v);
+    const auto ov = detail::out_view(std::forward<O>(out));
+    static_assert(std::is_same<typename decltype(qv)::value_type, float>::value &&
+                      std::is_same<typename decltype(kv)::value_type, float>::value &&
+                      std::is_same<typename decltype(vv)::value_type, float>::value &&
+                      std::is_same<typename decltype(ov)::value_type, float>::value,
+                  "attnkit::mta_attention: float storage");
+    detail::mta::forward<simd::default_arch>(qv, kv, vv, ov, opts);
+}
+
+// The block-diagonal [H, H] head_post matrix of a grouped head convolution kernel
+// [H / c_h, c_h, c_h] as [group, in, out]: block g is kernel[g]^T, i.e.
+// w[g c_h + o, g c_h + i] = kernel[g, i, o], 0 outside the blocks.
+template <class Kern, class W>
+void mta_head_kernel_to_matrix(const Kern& kernel, W&& w) {
+    const auto kv = detail::input_view<3>("kernel", kernel, "[H / c_h, c_h, c_h]");
+    const auto wv = detail::output_view<2>("w", std::forward<W>(w), "[H, H]");
+    detail::check_layout("kernel", kv);
+    detail::check_layout("w", wv);
+    const index_t n = kv.dims[0], c = kv.dims[1];
+    if (kv.dims[2] != c)
+        detail::fail("kernel: expected [groups, c_h, c_h] (square blocks), got " + shape_string(kv));
+    detail::check_shape("w", wv, {n * c, n * c}, "[H, H] with H = groups * c_h");
+    for (index_t r = 0; r < n * c; ++r)
+        for (index_t col = 0; col < n * c; ++col) wv(r, col) = 0.0f;
+    for (index_t g = 0; g < n; ++g)
+        for (index_t i = 0; i < c; ++i)
+            for (index_t o = 0; o < c; ++o) wv(g * c + o, g * c + i) = static_cast<float>(kv(g, i, o));
+}
+
+}  // namespace attnkit
