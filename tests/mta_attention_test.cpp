@@ -1,0 +1,341 @@
+// attnkit::mta_attention (the fused kernel) against attnkit::reference::mta_attention.
+//
+// The kernel works on blocks of 64 query rows (all heads), key blocks of 60, query panels of
+// 2W rows (W = SIMD width), recomputing c_q - 1 halo rows per convolution; it runs one pass
+// without post-softmax stages, two passes (row statistics, then probabilities) with a post
+// convolution or a post head mixing across value heads, and mixes outputs instead of
+// probabilities when post head mixing stays within value heads. The sweeps straddle those edges:
+//   identity.*     identity kernels and W = I equal causal softmax_attention (G, c_q, c_k swept)
+//   stage.*        each stage alone and all together, over lengths 1, 2, c_q - 1, c_q, 63, 64,
+//                  65, 194 (3 blocks + 2)
+//   kernel_sizes   G in {1, 2} x c_q in {1, 3, 6} x c_k in {1, 5, 11}, every stage on
+//   heads          H in {1, 4, 16}; GQA with head mixing within and across value heads
+//   decode.*       mta_state in uneven steps equals the rows of one call
+//   threads        1, 2, 3 threads and no pool give the same bits
+//   bad_input      every rejected argument, nothing written
+//
+// Tolerance: tolerance_for(kEps, magnitude) with magnitude = max|v| * g_post * (1 + g_pre * S),
+// S = scale * max|q_i| * max|k_j| (the score bound), g_pre / g_post the largest absolute row sum
+// of each convolution kernel times that of its head matrix (how much they can amplify an error).
+// With the group norm the output is divided by its RMS, so the bound is multiplied by
+// max|w| / (smallest RMS of a pre-norm output row), taken from the reference without the norm.
+#include "attnkit/mta_attention.hpp"
+
+#include "attnkit/reference/mta_attention.hpp"
+#include "attnkit/reference/softmax_attention.hpp"
+#include "attnkit/softmax_attention.hpp"
+#include "attnkit/thread_pool.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/compare.hpp"
+#include "common/random.hpp"
+#include "common/tensor.hpp"
+
+namespace {
+
+using attnkit::index_t;
+using attnkit::mta_options;
+using namespace attnkit_test;
+
+using tensor1 = Eigen::Tensor<float, 1, Eigen::RowMajor>;
+using tensor2 = Eigen::Tensor<float, 2, Eigen::RowMajor>;
+
+constexpr double kEps = 32;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+enum stage : unsigned { kPreConv = 1, kPreMix = 2, kPostConv = 4, kPostMix = 8, kNorm = 16, kDepth = 32, kGate = 64,
+                        kAll = 127 };
+
+struct config {
+    index_t B = 1, L = 65, H = 4, Hk = 4, D = 7, Dv = 5;
+    index_t G = 1, cq = 3, ck = 5;
+    unsigned stages = kAll;
+    bool identity = false;        // identity kernels and W = I
+    bool post_in_groups = false;  // head_post only mixes heads of one value head
+    distribution dist = distribution::gaussian;
+    std::uint64_t seed = 1;
+};
+
+std::string describe(const config& c) {
+    return "B" + std::to_string(c.B) + " L" + std::to_string(c.L) + " H" + std::to_string(c.H) + "/" +
+           std::to_string(c.Hk) + " G" + std::to_string(c.G) + " " + std::to_string(c.cq) + "x" + std::to_string(c.ck) +
+           " stages " + std::to_string(c.stages) + " " + name(c.dist);
+}
+
+struct problem {
+    config c;
+    tensor4<float> q, k, v, th_pre, th_post;
+    tensor2 w_pre, w_post;
+    tensor1 norm_w, gate_w;
+    mta_options o;
+    double g_pre = 1, g_post = 1;
+
+    explicit problem(const config& cf) : c(cf) {
+        q = random_bshd(c.B, c.L, c.H, c.D, c.dist, c.seed);
+        k = random_bshd(c.B, c.L, c.Hk, c.D, c.dist, c.seed + 1);
+        v = random_bshd(c.B, c.L, c.Hk, c.Dv, c.dist, c.seed + 2);
+        th_pre = kernel(c.seed + 3);
+        th_post = kernel(c.seed + 4);
+        w_pre = matrix(c.seed + 5, false);
+        w_post = matrix(c.seed + 6, c.post_in_groups);
+        norm_w = tensor1(c.Dv);
+        gate_w = tensor1(c.Dv);
+        fill_random(norm_w, distribution::uniform, c.seed + 7);
+        fill_random(gate_w, distribution::gaussian, c.seed + 8);
+        if (c.stages & kPreConv) o.kq_pre = th_pre, g_pre *= gain(th_pre);
+        if (c.stages & kPreMix) o.head_pre = w_pre, g_pre *= gain(w_pre);
+        if (c.stages & kPostConv) o.kq_post = th_post, g_post *= gain(th_post);
+        if (c.stages & kPostMix) o.head_post = w_post, g_post *= gain(w_post);
+        if (c.stages & kNorm) o.norm_weight = norm_w;
+        if (c.stages & kDepth) o.norm_layer = 3;
+        if (c.stages & kGate) o.gate_weight = gate_w, o.gate_bias = 0.25f;
+    }
+    // Identity plus noise of 0.3 (random kernels of this size give scores of a sane range).
+    tensor4<float> kernel(std::uint64_t seed) const {
+        tensor4<float> t(c.H, c.G, c.cq, c.ck);
+        fill_random(t, distribution::gaussian, seed);
+        for (index_t i = 0; i < t.size(); ++i) t.data()[i] = c.identity ? 0.0f : 0.3f * t.data()[i];
+        for (index_t h = 0; h < c.H; ++h) t(h, h % c.G, c.cq - 1, (c.ck - 1) / 2) += 1.0f;
+        return t;
+    }
+    tensor2 matrix(std::uint64_t seed, bool in_groups) const {
+        tensor2 w(c.H, c.H);
+        fill_random(w, distribution::gaussian, seed);
+        const index_t grp = c.H / c.Hk;
+        for (index_t h = 0; h < c.H; ++h)
+            for (index_t g = 0; g < c.H; ++g) {
+                float& x = w(h, g);
+                x = (c.identity || (in_groups && h / grp != g / grp)) ? 0.0f : 0.3f * x;
+                if (h == g) x += 1.0f;
+            }
+        return w;
+    }
+    template <class X>
+    static double gain(const X& t) {
+        const auto vw = as_view(t);
+        const index_t rows = vw.dims[0], per = vw.size() / rows;
+        double m = 0;
+        for (index_t r = 0; r < rows; ++r) {
+            double s = 0;
+            for (index_t i = 0; i < per; ++i) s += std::fabs(static_cast<double>(vw.data[r * per + i]));
+            m = std::max(m, s);
+        }
+        return m;
+    }
+
+    double magnitude() const {
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+        double mag = max_abs(v) * g_post * (1.0 + g_pre * scale * max_row_norm(q) * max_row_norm(k));
+        if (o.norm_weight.data) {
+            mta_options plain = o;
+            plain.norm_weight = {};
+            plain.gate_weight = {};
+            plain.norm_layer = -1;
+            tensor4<double> pre(c.B, c.L, c.H, c.Dv);
+            attnkit::reference::mta_attention(q, k, v, pre, plain);
+            double rms_min = std::numeric_limits<double>::infinity();
+            for (index_t r = 0; r < c.B * c.L * c.H; ++r) {
+                double ss = 0;
+                for (index_t d = 0; d < c.Dv; ++d) ss += pre.data()[r * c.Dv + d] * pre.data()[r * c.Dv + d];
+                rms_min = std::min(rms_min, std::sqrt(ss / static_cast<double>(c.Dv) + 1e-5));
+            }
+            mag *= max_abs(norm_w) / rms_min;
+        }
+        return mag;
+    }
+};
+
+tensor4<float> run_fast(const problem& p, const mta_options& o) {
+    tensor4<float> out = make_bshd<float>(p.c.B, p.c.L, p.c.H, p.c.Dv, kNaN);
+    attnkit::mta_attention(p.q, p.k, p.v, out, o);
+    return out;
+}
+
+void expect_matches_reference(const config& c) {
+    SCOPED_TRACE(describe(c));
+    const problem p(c);
+    const tensor4<float> got = run_fast(p, p.o);
+    tensor4<double> want(c.B, c.L, c.H, c.Dv);
+    attnkit::reference::mta_attention(p.q, p.k, p.v, want, p.o);
+    EXPECT_TRUE(all_close(got, want, tolerance_for(kEps, p.magnitude())));
+}
+
+// ---- identity initialisation -------------------------------------------------------------------
+
+TEST(identity, equals_causal_softmax_attention) {
+    for (index_t G : {1, 2})
+        for (index_t cq : {1, 3, 6})
+            for (index_t ck : {1, 5, 11}) {
+                config c;
+                c.L = 70, c.G = G, c.cq = cq, c.ck = ck, c.identity = true;
+                c.stages = kPreConv | kPreMix | kPostConv | kPostMix;
+                SCOPED_TRACE(describe(c));
+                const problem p(c);
+                const tensor4<float> got = run_fast(p, p.o);
+                tensor4<float> want = make_bshd<float>(c.B, c.L, c.H, c.Dv, kNaN);
+                attnkit::softmax_options so;
+                so.causal = true;
+                attnkit::softmax_attention(p.q, p.k, p.v, want, so);
+                const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+                EXPECT_TRUE(all_close(got, want, tolerance_for(kEps, attention_magnitude(p.q, p.k, p.v, scale))));
+            }
+}
+
+// ---- stages and shapes ----------------------------------------------------------------------
+
+TEST(stage, each_alone_and_all_together) {
+    const unsigned sets[] = {0, kPreConv, kPreMix, kPostConv, kPostMix, kNorm, kDepth, kGate,
+                             kPreConv | kPreMix, kPostConv | kPostMix, kPreMix | kPostMix | kNorm | kGate, kAll};
+    int n = 0;
+    for (unsigned s : sets)
+        for (index_t L : {1, 2, 5, 6, 63, 64, 65, 194}) {
+            config c;
+            c.cq = 6, c.ck = 11, c.stages = s, c.L = L, c.dist = kAllDistributions[n % 3], c.seed = 100 + n++;
+            expect_matches_reference(c);
+        }
+}
+
+TEST(kernel_sizes, every_group_and_tap_count) {
+    int n = 0;
+    for (index_t G : {1, 2})
+        for (index_t cq : {1, 3, 6})
+            for (index_t ck : {1, 5, 11})
+                for (index_t L : {cq, index_t(65)}) {
+                    config c;
+                    c.G = G, c.cq = cq, c.ck = ck, c.L = L, c.dist = kAllDistributions[n % 3], c.seed = 200 + n++;
+                    expect_matches_reference(c);
+                }
+}
+
+TEST(heads, one_four_sixteen_and_gqa) {
+    int n = 0;
+    for (index_t H : {1, 4, 16}) {
+        config c;
+        c.H = c.Hk = H, c.L = 130, c.cq = 6, c.ck = 11, c.G = H >= 4 ? 2 : 1, c.seed = 300 + n++;
+        expect_matches_reference(c);
+    }
+    // GQA: post head mixing across value heads (two passes, probabilities mixed) and within them
+    // (outputs mixed), with and without the post convolution.
+    for (index_t Hk : {1, 2})
+        for (bool in_groups : {false, true})
+            for (unsigned s : {unsigned(kAll), unsigned(kPreMix | kPostMix | kNorm | kGate), unsigned(kPostMix)}) {
+                config c;
+                c.H = 4, c.Hk = Hk, c.L = 97, c.B = 2, c.post_in_groups = in_groups, c.stages = s, c.seed = 300 + n++;
+                expect_matches_reference(c);
+            }
+    // D and Dv around the micro-kernel widths.
+    for (index_t D : {1, 16, 33})
+        for (index_t Dv : {1, 6, 13}) {
+            config c;
+            c.D = D, c.Dv = Dv, c.L = 66, c.seed = 300 + n++;
+            expect_matches_reference(c);
+        }
+}
+
+TEST(threads, bitwise_identical_for_any_thread_count) {
+    for (unsigned s : {unsigned(kPreConv | kPreMix | kNorm), unsigned(kAll)}) {
+        config c;
+        c.B = 2, c.L = 200, c.H = 4, c.Hk = 2, c.cq = 6, c.ck = 11, c.stages = s;
+        const problem p(c);
+        const tensor4<float> base = run_fast(p, p.o);
+        for (std::size_t n : {1, 2, 3}) {
+            attnkit::thread_pool pool(n);
+            mta_options o = p.o;
+            o.pool = &pool;
+            const tensor4<float> got = run_fast(p, o);
+            EXPECT_EQ(0, std::memcmp(got.data(), base.data(), sizeof(float) * static_cast<std::size_t>(got.size())))
+                << n << " threads, stages " << s;
+        }
+    }
+}
+
+TEST(head_matrix, matches_reference_block_diagonal) {
+    Eigen::Tensor<float, 3, Eigen::RowMajor> kern(3, 2, 2);
+    fill_random(kern, distribution::gaussian, 5);
+    tensor2 w(6, 6);
+    w.setConstant(kNaN);
+    attnkit::mta_head_kernel_to_matrix(kern, w);
+    const auto want = attnkit::reference::head_kernel_to_matrix(kern);
+    EXPECT_TRUE(all_close(w, want, 0.0, 0.0));
+    tensor2 bad(5, 5);
+    bad.setConstant(7.0f);
+    EXPECT_THROW(attnkit::mta_head_kernel_to_matrix(kern, bad), std::invalid_argument);
+    EXPECT_TRUE(all_equal_to(bad, 7.0f));
+}
+
+// ---- bad input --------------------------------------------------------------------------------
+
+void expect_rejects(const tensor4<float>& q, const tensor4<float>& k, const tensor4<float>& v, const mta_options& o,
+                    const std::string& what, index_t Dv) {
+    tensor4<float> out = make_bshd<float>(q.dimension(0), q.dimension(1), q.dimension(2), Dv, 7.0f);
+    try {
+        attnkit::mta_attention(q, k, v, out, o);
+        ADD_FAILURE() << "accepted bad " << what;
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(all_equal_to(out, 7.0f)) << what;
+}
+
+TEST(bad_input, every_rejected_argument) {
+    const index_t L = 5, H = 4, D = 3, Dv = 2;
+    const auto q = random_bshd(1, L, H, D, distribution::uniform, 60);
+    const auto k = random_bshd(1, L, 2, D, distribution::uniform, 61);
+    const auto v = random_bshd(1, L, 2, Dv, distribution::uniform, 62);
+    tensor4<float> wrong_heads(2, 1, 3, 3), bad_group(4, 3, 3, 3), even_ck(4, 1, 3, 4), zero_cq(4, 1, 0, 3),
+        zero_ck(4, 1, 1, 0);
+    for (auto* t : {&wrong_heads, &bad_group, &even_ck, &zero_cq, &zero_ck}) t->setZero();
+    tensor2 not_square(4, 3), wrong_h(3, 3);
+    tensor1 wrong_dv(3);
+    not_square.setZero(), wrong_h.setZero(), wrong_dv.setZero();
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    for (const tensor4<float>* t : {&wrong_heads, &bad_group, &even_ck, &zero_cq, &zero_ck}) {
+        mta_options o;
+        o.kq_pre = *t;
+        expect_rejects(q, k, v, o, "opts.kq_pre", Dv);
+        mta_options p;
+        p.kq_post = *t;
+        expect_rejects(q, k, v, p, "opts.kq_post", Dv);
+    }
+    for (const tensor2* t : {&not_square, &wrong_h}) {
+        mta_options o;
+        o.head_pre = *t;
+        expect_rejects(q, k, v, o, "opts.head_pre", Dv);
+        mta_options p;
+        p.head_post = *t;
+        expect_rejects(q, k, v, p, "opts.head_post", Dv);
+    }
+    mta_options nw, gw, layer, bias, scale;
+    nw.norm_weight = wrong_dv;
+    gw.gate_weight = wrong_dv;
+    layer.norm_layer = -2;
+    bias.gate_bias = inf;
+    scale.scale = nan;
+    expect_rejects(q, k, v, nw, "opts.norm_weight", Dv);
+    expect_rejects(q, k, v, gw, "opts.gate_weight", Dv);
+    expect_rejects(q, k, v, layer, "opts.norm_layer", Dv);
+    expect_rejects(q, k, v, bias, "opts.gate_bias", Dv);
+    expect_rejects(q, k, v, scale, "opts.scale", Dv);
+    for (float eps : {0.0f, -1.0f, nan, inf}) {
+        mta_options o;
+        o.norm_eps = eps;
+        expect_rejects(q, k, v, o, "opts.norm_eps", Dv);
+    }
+    expect_rejects(q, random_bshd(1, L + 1, 2, D, distribution::uniform, 63),
+                   random_bshd(1, L + 1, 2, Dv, distribution::uniform, 64), {}, "Lq == Lk", Dv);
+    expect_rejects(q, random_bshd(1, L, 3, D, distribution::uniform, 65),
+                   random_bshd(1, L, 3, Dv, distribution::uniform, 66), {}, "multiple of key heads", Dv);
+    expect_rejects(q, k, random_bshd(1, L, 2, Dv + 1, distribution::uniform, 67), {}, "out: expected shape", Dv);
+    tensor4<float> out_bad = make_bshd<float>(1, L, H, Dv + 1, 7.0f);
+    EXPECT_THROW(attnkit::mta_attention(q, k, v, out_bad, mta_options{}), std::invalid_argument);
+    EXPECT_TRUE(all_equal_to(out_bad, 7.0f));
+}
+
+}  // namespace
