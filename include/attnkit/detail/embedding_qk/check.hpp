@@ -1,0 +1,73 @@
+// Argument validation of StaticEmbQK, shared by the projection, its oracle and the per-layer
+// views: the layout, the widths of w and qk, overlap, and the layer index.
+#pragma once
+
+#include <string>
+
+#include "attnkit/detail/check.hpp"
+#include "attnkit/detail/overlap.hpp"
+#include "attnkit/options.hpp"
+#include "attnkit/view.hpp"
+
+namespace attnkit {
+namespace detail {
+
+inline std::string layout_string(const embedding_qk_layout& l) {
+    return "{layers " + std::to_string(l.layers) + ", heads " + std::to_string(l.heads) + ", heads_kv " +
+           std::to_string(l.heads_kv) + ", dim " + std::to_string(l.dim) + "}";
+}
+
+// The stacked width layers * (H + Hk) * D, after checking every field (and that the product
+// cannot overflow).
+inline index_t check_embedding_layout(const embedding_qk_layout& l) {
+    if (l.layers < 1 || l.heads < 1 || l.heads_kv < 1 || l.dim < 1)
+        fail("layout: layers, heads, heads_kv and dim must all be >= 1, got " + layout_string(l));
+    if (l.heads % l.heads_kv != 0)
+        fail("layout: heads must be a multiple of heads_kv (GQA), got " + layout_string(l));
+    const index_t limit = index_t(1) << 40;  // keeps every product below 2^62
+    if (l.layers > limit / l.dim || l.heads + l.heads_kv > limit / (l.layers * l.dim))
+        fail("layout: layers * (heads + heads_kv) * dim is too large, got " + layout_string(l));
+    return l.layers * (l.heads + l.heads_kv) * l.dim;
+}
+
+struct embedding_qk_shape {
+    index_t batch, len, d_model, width;
+};
+
+// e [B, L, d_model], w [d_model, width], qk [B, L, width] with width from the layout.
+inline embedding_qk_shape check_embedding_projection(const view<const float, 3>& e, const view<const float, 2>& w,
+                                                     const view<float, 3>& qk, const embedding_qk_layout& layout) {
+    const index_t width = check_embedding_layout(layout);
+    check_layout("e", e);
+    check_layout("w", w);
+    check_layout("qk", qk);
+    const embedding_qk_shape s{e.dims[0], e.dims[1], e.dims[2], width};
+    if (w.dims[0] != s.d_model || w.dims[1] != width)
+        fail("w: expected [d_model, layers * (heads + heads_kv) * dim] = [" + std::to_string(s.d_model) + ", " +
+             std::to_string(width) + "] for e " + shape_string(e) + " and layout " + layout_string(layout) +
+             ", got " + shape_string(w));
+    if (qk.dims[0] != s.batch || qk.dims[1] != s.len || qk.dims[2] != width)
+        fail("qk: expected [B, L, layers * (heads + heads_kv) * dim] = [" + std::to_string(s.batch) + ", " +
+             std::to_string(s.len) + ", " + std::to_string(width) + "] for e " + shape_string(e) + " and layout " +
+             layout_string(layout) + ", got " + shape_string(qk));
+    if (self_overlapping(qk)) fail("qk: its rows overlap in memory (shape " + shape_string(qk) + ")");
+    if (memory_overlaps(qk, e)) fail("qk: overlaps e in memory (qk " + shape_string(qk) + ", e " + shape_string(e) + ")");
+    if (memory_overlaps(qk, w)) fail("qk: overlaps w in memory (qk " + shape_string(qk) + ", w " + shape_string(w) + ")");
+    return s;
+}
+
+// qk [B, L, width] must match the layout; 0 <= layer < layers.
+template <class T>
+void check_embedding_view(const view<T, 3>& qk, const embedding_qk_layout& layout, index_t layer) {
+    const index_t width = check_embedding_layout(layout);
+    check_layout("qk", qk);
+    if (qk.dims[2] != width)
+        fail("qk: expected last dimension layers * (heads + heads_kv) * dim = " + std::to_string(width) +
+             " for layout " + layout_string(layout) + ", got " + shape_string(qk));
+    if (layer < 0 || layer >= layout.layers)
+        fail("layer: expected 0 <= layer < layers = " + std::to_string(layout.layers) + ", got " +
+             std::to_string(layer));
+}
+
+}  // namespace detail
+}  // namespace attnkit

@@ -1,0 +1,161 @@
+// detail/gemm.hpp: the GEMM wrapper against plain double loops on sizes around the SIMD width
+// and Eigen's register tile edges, strided operands (row strides > cols, column slices), the
+// accumulate mode, an empty inner dimension, and the block grid: bitwise identical for any
+// thread count and any pool. Also detail/overlap.hpp, the overlap tests the entry points use.
+#include <gtest/gtest.h>
+
+#include <attnkit/detail/gemm.hpp>
+#include <attnkit/detail/overlap.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/random.hpp"
+
+namespace {
+
+using attnkit::index_t;
+using attnkit::detail::gemm_mode;
+using attnkit::detail::matrix_ref;
+using attnkit_test::distribution;
+
+constexpr double kEps = std::numeric_limits<float>::epsilon();
+
+// A row-major matrix in a buffer with `pad` spare columns per row, and a sentinel in the pads.
+struct padded {
+    index_t rows, cols, stride;
+    std::vector<float> buf;
+    padded(index_t r, index_t c, index_t pad, distribution d, std::uint64_t seed)
+        : rows(r), cols(c), stride(c + pad), buf(static_cast<std::size_t>(r * (c + pad)), -777.0f) {
+        const auto v = attnkit_test::random_values(static_cast<std::size_t>(r * c), d, seed);
+        for (index_t i = 0; i < r; ++i)
+            for (index_t j = 0; j < c; ++j) at(i, j) = static_cast<float>(v[static_cast<std::size_t>(i * c + j)]);
+    }
+    float& at(index_t i, index_t j) { return buf[static_cast<std::size_t>(i * stride + j)]; }
+    float at(index_t i, index_t j) const { return buf[static_cast<std::size_t>(i * stride + j)]; }
+    matrix_ref<const float> cref() const { return {buf.data(), rows, cols, stride}; }
+    matrix_ref<float> ref() { return {buf.data(), rows, cols, stride}; }
+};
+
+// |C - (C0 + A B)| <= (K + 2) eps sum_k |a_ik b_kj| + eps |c0|: the worst-case bound of a float
+// dot product of length K in any summation order, so it cannot fail for a correct product and
+// fails for any wrong element.
+::testing::AssertionResult matches_product(const padded& a, const padded& b, const padded& c, const padded* c0) {
+    const index_t M = a.rows, K = a.cols, N = b.cols;
+    for (index_t i = 0; i < M; ++i)
+        for (index_t j = 0; j < N; ++j) {
+            double s = c0 ? c0->at(i, j) : 0.0, mag = 0.0;
+            for (index_t k = 0; k < K; ++k) {
+                s += static_cast<double>(a.at(i, k)) * b.at(k, j);
+                mag += std::fabs(static_cast<double>(a.at(i, k)) * b.at(k, j));
+            }
+            const double bound = (K + 2) * kEps * mag + 2 * kEps * (c0 ? std::fabs(c0->at(i, j)) : 0.0);
+            if (!(std::fabs(c.at(i, j) - s) <= bound))
+                return ::testing::AssertionFailure() << "C(" << i << ", " << j << ") = " << c.at(i, j) << ", expected "
+                                                     << s << " +- " << bound << " (M " << M << " K " << K << " N " << N
+                                                     << ")";
+        }
+    // The pads of C are never written.
+    for (index_t i = 0; i < c.rows; ++i)
+        for (index_t j = c.cols; j < c.stride; ++j)
+            if (c.at(i, j) != -777.0f) return ::testing::AssertionFailure() << "pad of C written at row " << i;
+    return ::testing::AssertionSuccess();
+}
+
+// Around 4/8/16 lanes and Eigen's 3-vector x 4-column register tile (24 / 4 on AVX2).
+const index_t kSizes[] = {1, 3, 4, 7, 8, 9, 16, 17, 23, 24, 25, 31, 53};
+
+TEST(gemm, assign_matches_plain_loops_on_edge_sizes) {
+    std::uint64_t seed = 1;
+    for (index_t M : kSizes)
+        for (index_t K : {index_t(1), index_t(8), index_t(17), index_t(67)})
+            for (index_t N : kSizes) {
+                const padded a(M, K, 3, distribution::gaussian, seed++), b(K, N, 5, distribution::uniform, seed++);
+                padded c(M, N, 2, distribution::gaussian, seed++);  // garbage to be overwritten
+                attnkit::detail::gemm(a.cref(), b.cref(), c.ref());
+                ASSERT_TRUE(matches_product(a, b, c, nullptr));
+            }
+}
+
+TEST(gemm, add_accumulates_into_c) {
+    std::uint64_t seed = 100;
+    for (index_t M : {1, 9, 31})
+        for (index_t K : {1, 33, 300})
+            for (index_t N : {1, 8, 25}) {
+                const padded a(M, K, 1, distribution::outliers, seed++), b(K, N, 0, distribution::gaussian, seed++);
+                padded c(M, N, 4, distribution::gaussian, seed++);
+                const padded c0 = c;
+                attnkit::detail::gemm(a.cref(), b.cref(), c.ref(), gemm_mode::add);
+                ASSERT_TRUE(matches_product(a, b, c, &c0));
+            }
+}
+
+TEST(gemm, column_and_row_slices) {
+    // B as columns [5, 5 + 19) of a wider matrix, C as a block inside a bigger one.
+    const padded a(37, 29, 0, distribution::gaussian, 7), wide(29, 40, 0, distribution::gaussian, 8);
+    padded big(50, 60, 0, distribution::gaussian, 9);
+    const auto b = wide.cref().col_block(5, 24);
+    attnkit::detail::gemm(a.cref(), b, big.ref().row_block(3, 40).col_block(11, 30));
+    padded bs(29, 19, 0, distribution::gaussian, 0), cs(37, 19, 0, distribution::gaussian, 0);
+    for (index_t i = 0; i < 29; ++i)
+        for (index_t j = 0; j < 19; ++j) bs.at(i, j) = wide.at(i, 5 + j);
+    for (index_t i = 0; i < 37; ++i)
+        for (index_t j = 0; j < 19; ++j) cs.at(i, j) = big.at(3 + i, 11 + j);
+    EXPECT_TRUE(matches_product(a, bs, cs, nullptr));
+    const padded fresh(50, 60, 0, distribution::gaussian, 9);  // everything outside the block kept
+    for (index_t i = 0; i < 50; ++i)
+        for (index_t j = 0; j < 60; ++j) {
+            if (i < 3 || i >= 40 || j < 11 || j >= 30) {
+                ASSERT_EQ(big.at(i, j), fresh.at(i, j)) << i << ", " << j;
+            }
+        }
+}
+
+TEST(gemm, empty_inner_dimension_gives_zero_or_keeps_c) {
+    const padded a(5, 0, 2, distribution::gaussian, 1), b(0, 7, 0, distribution::gaussian, 2);
+    padded c(5, 7, 1, distribution::gaussian, 3);
+    const padded c0 = c;
+    attnkit::detail::gemm(a.cref(), b.cref(), c.ref(), gemm_mode::add);
+    EXPECT_EQ(c.buf, c0.buf);
+    attnkit::detail::gemm(a.cref(), b.cref(), c.ref());
+    for (index_t i = 0; i < 5; ++i)
+        for (index_t j = 0; j < 7; ++j) ASSERT_EQ(c.at(i, j), 0.0f);
+    for (index_t i = 0; i < 5; ++i) ASSERT_EQ(c.at(i, 7), -777.0f);  // pads untouched
+}
+
+TEST(gemm, block_grid_is_bitwise_identical_for_any_pool) {
+    const padded a(613, 45, 1, distribution::gaussian, 11), b(45, 301, 0, distribution::gaussian, 12);
+    padded serial(613, 301, 0, distribution::uniform, 0);
+    attnkit::detail::gemm_blocks(a.cref(), b.cref(), serial.ref(), nullptr, 64, 96);
+    ASSERT_TRUE(matches_product(a, b, serial, nullptr));
+    for (std::size_t n : {1, 2, 3}) {
+        attnkit::thread_pool pool(n);
+        padded c(613, 301, 0, distribution::uniform, n);
+        attnkit::detail::gemm_blocks(a.cref(), b.cref(), c.ref(), &pool, 64, 96);
+        EXPECT_EQ(0, std::memcmp(c.buf.data(), serial.buf.data(), c.buf.size() * sizeof(float))) << n << " threads";
+        padded r(613, 301, 0, distribution::uniform, n);
+        attnkit::detail::gemm_rows(a.cref(), b.cref(), r.ref(), &pool, 100);
+        EXPECT_TRUE(matches_product(a, b, r, nullptr)) << n << " threads";
+    }
+}
+
+TEST(overlap, spans_and_self_overlap) {
+    std::vector<float> buf(100);
+    using V2 = attnkit::view<const float, 2>;
+    const V2 left(buf.data(), {5, 10}), right(buf.data() + 50, {5, 10}), mid(buf.data() + 45, {2, 10});
+    EXPECT_FALSE(attnkit::detail::memory_overlaps(left, right));
+    EXPECT_TRUE(attnkit::detail::memory_overlaps(left, mid));
+    EXPECT_TRUE(attnkit::detail::memory_overlaps(mid, right));
+    const V2 empty(buf.data(), {0, 10});
+    EXPECT_FALSE(attnkit::detail::memory_overlaps(left, empty));
+    EXPECT_FALSE(attnkit::detail::self_overlapping(left));
+    EXPECT_TRUE(attnkit::detail::self_overlapping(V2(buf.data(), {5, 10}, {0, 1})));   // zero stride
+    EXPECT_TRUE(attnkit::detail::self_overlapping(V2(buf.data(), {5, 10}, {9, 1})));   // rows overlap
+    EXPECT_FALSE(attnkit::detail::self_overlapping(V2(buf.data(), {1, 10}, {0, 1})));  // one row
+    const attnkit::view<const float, 3> bshd_like(buf.data(), {2, 3, 4}, {4, 8, 1});   // permuted
+    EXPECT_FALSE(attnkit::detail::self_overlapping(bshd_like));
+}
+
+}  // namespace
