@@ -1,21 +1,24 @@
-// The schedule of a self-gating call: fixed chunks of positions, and two ways of running them
-// that give the same bits.
+// The schedule of a self-gating call: fixed chunks of positions, combined in a fixed order.
 //
-// The arithmetic is fixed by the shapes alone: the visible tokens of an item are cut into
-// chunks of chunk_len(L) positions; a row's output is its chunk-local (o, m, z) combined with
-// the prefix state P_c of all chunks before it (fix_rows), and P_{c+1} = P_c (+) S_c in chunk
-// order, S_c being chunk c's own state. Two schedules run that arithmetic:
-//  - sequential: one work item per (batch item, slice of key/value heads) walks its chunks in
-//    order, P_c known when chunk c starts. Local rows go to a small L2-resident buffer and are
-//    fixed from there into out, so q, k, v and out each cross the memory bus once.
-//  - chunk-parallel, for a few heads and several threads: (1) every chunk's local rows into out
-//    and its state S_c, in parallel; (2) the prefix states in chunk order; (3) every chunk's
-//    rows fixed in place, in parallel. Out is read and written once more.
-// Both call the same non-inlined scan_rows / merge_state / fix_rows on the same rows, so any
-// thread count and either schedule give identical results. A cost model picks the schedule.
+// The arithmetic is fixed by the shapes alone: the positions of an item are cut into chunks of
+// chunk_len() positions; a causal row's output is its chunk-local (o, m, z) combined with the
+// prefix state P_c of all chunks before it (fix_rows), and P_{c+1} = P_c (+) S_c in chunk
+// order, S_c being chunk c's own state (merge_state). Only who computes what depends on the
+// thread count, so results are bitwise identical for any number of threads.
+//
+// Causal: a single pass with decoupled look-back (as in single-pass GPU scans). Workers claim
+// chunks in increasing order from one counter. A chunk scans its tokens into a buffer sized to
+// stay in L2, waits until its predecessor has published P_c, publishes P_{c+1}, then fixes its
+// rows from the buffer into out. q, k, v and out each cross the memory bus once, and a few heads
+// (or one) still keep every thread busy. The wait cannot deadlock: a chunk's predecessors were
+// claimed before it by threads that are running them, and chunk 0 waits for nothing.
+// Non-causal: chunk states in parallel, their combination in order, then the rows (all equal).
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "attnkit/detail/self_gating/scan.hpp"
@@ -27,151 +30,137 @@ namespace self_gating {
 
 // States of every (batch item, query head) as a state object keeps them: m [B*H], z [B*H],
 // n [B*H][dim_vp].
-struct state_arrays {
-    float* m = nullptr;
-    float* z = nullptr;
-    float* n = nullptr;
+using state_arrays = state_ref;
+
+// Chunk length from the shapes: local rows of one chunk (all heads) fit in 256 KiB, so they are
+// still in L2 when they are fixed; at most L/16 so that a few heads give every thread work;
+// a multiple of 16 positions.
+inline index_t chunk_len(const problem& p) {
+    constexpr index_t kBufferBytes = index_t(256) << 10, kStep = 16;
+    const index_t by_cache = kBufferBytes / (index_t(sizeof(float)) * p.heads * p.dim_vp) / kStep * kStep;
+    const index_t by_len = ((p.len + 15) / 16 + kStep - 1) / kStep * kStep;
+    return std::max(kStep, std::min(by_cache, by_len));
+}
+
+// Slot `at` of a flat array of per-head states (nh heads each).
+inline state_ref slot(std::vector<float>& m, std::vector<float>& z, std::vector<float>& n, index_t at, index_t nh,
+                      index_t dvp) {
+    return {m.data() + at * nh, z.data() + at * nh, n.data() + at * nh * dvp};
+}
+
+inline void copy_state(const state_ref& to, const state_ref& from, index_t nh, index_t dvp) {
+    std::copy(from.m, from.m + nh, to.m);
+    std::copy(from.z, from.z + nh, to.z);
+    std::copy(from.n, from.n + nh * dvp, to.n);
+}
+
+inline void merge_states(const state_ref& a, const state_ref& b, index_t nh, index_t dvp) {
+    for (index_t h = 0; h < nh; ++h) merge_state(a.m[h], a.z[h], a.n + h * dvp, b.m[h], b.z[h], b.n + h * dvp, dvp);
+}
+
+inline row_dest out_dest(const problem& p, index_t b, index_t l) { return {p.out_row(b, l, 0), p.ol, p.oh}; }
+
+// Published prefix states P_c of every (item, chunk), c = 0 .. nc, and their ready flags.
+struct prefix_table {
+    index_t nc, nh, dvp;
+    std::vector<float> m, z, n;
+    std::unique_ptr<std::atomic<int>[]> ready;
+
+    prefix_table(const problem& p, index_t chunks, const state_arrays* init)
+        : nc(chunks), nh(p.heads), dvp(p.dim_vp) {
+        const index_t slots = p.batch * (nc + 1);
+        m.assign(static_cast<std::size_t>(slots * nh), -HUGE_VALF);
+        z.assign(static_cast<std::size_t>(slots * nh), 0.0f);
+        n.assign(static_cast<std::size_t>(slots * nh * dvp), 0.0f);
+        ready.reset(new std::atomic<int>[static_cast<std::size_t>(slots)]);
+        for (index_t s = 0; s < slots; ++s) ready[s].store(0, std::memory_order_relaxed);
+        for (index_t b = 0; b < p.batch; ++b) {
+            if (init) copy_state(at(b, 0), {init->m + b * nh, init->z + b * nh, init->n + b * nh * dvp}, nh, dvp);
+            ready[b * (nc + 1)].store(1, std::memory_order_release);
+        }
+    }
+    state_ref at(index_t b, index_t c) { return slot(m, z, n, b * (nc + 1) + c, nh, dvp); }
+    void wait(index_t b, index_t c) {
+        std::atomic<int>& f = ready[b * (nc + 1) + c];
+        for (int spin = 0; f.load(std::memory_order_acquire) == 0; ++spin)
+            if (spin > 64) std::this_thread::yield();
+    }
+    void publish(index_t b, index_t c) { ready[b * (nc + 1) + c].store(1, std::memory_order_release); }
+    void save(index_t b, const state_arrays* fin) {
+        if (fin) copy_state({fin->m + b * nh, fin->z + b * nh, fin->n + b * nh * dvp}, at(b, nc), nh, dvp);
+    }
 };
 
-// About 64 chunks per item (enough pieces for any thread count), multiples of 16 positions.
-inline index_t chunk_len(index_t len) {
-    constexpr index_t kChunks = 64, kMin = 16;
-    const index_t c = (len + kChunks - 1) / kChunks;
-    return std::max(kMin, (c + kMin - 1) / kMin * kMin);
-}
-
-inline void load_states(states& st, const problem& p, const state_arrays* init, index_t b, index_t h0, index_t nh) {
-    st.resize(nh, p.dim_vp);
-    if (!init) return;
-    const index_t o = b * p.heads + h0;
-    std::copy(init->m + o, init->m + o + nh, st.m.begin());
-    std::copy(init->z + o, init->z + o + nh, st.z.begin());
-    std::copy(init->n + o * p.dim_vp, init->n + (o + nh) * p.dim_vp, st.n.begin());
-}
-
-inline void save_states(const states& st, const problem& p, const state_arrays* fin, index_t b, index_t h0) {
-    if (!fin) return;
-    const index_t o = b * p.heads + h0;
-    std::copy(st.m.begin(), st.m.end(), fin->m + o);
-    std::copy(st.z.begin(), st.z.end(), fin->z + o);
-    std::copy(st.n.begin(), st.n.end(), fin->n + o * p.dim_vp);
-}
-
-inline void merge_states(states& a, const states& b, index_t dvp) {
-    for (std::size_t h = 0; h < a.m.size(); ++h)
-        merge_state(a.m[h], a.z[h], a.n.data() + h * dvp, b.m[h], b.z[h], b.n.data() + h * dvp, dvp);
-}
-
-inline row_dest out_dest(const problem& p, index_t b, index_t l, index_t h0) {
-    return {p.out_row(b, l, h0), p.ol, p.oh};
-}
-
-// Sequential schedule for item b, key/value heads [hk0, hk1).
 template <class A>
-void run_sequential(const problem& p, index_t b, index_t hk0, index_t hk1, const state_arrays* init,
-                    const state_arrays* fin) {
-    const index_t G = p.group, nh = (hk1 - hk0) * G, h0 = hk0 * G, dvp = p.dim_vp;
-    const index_t C = chunk_len(p.len), nv = p.visible[static_cast<std::size_t>(b)];
-    // Local rows are fixed from a buffer of at most 64 KiB (stays in L2 next to the streams).
-    const index_t sub = std::max<index_t>(1, std::min<index_t>(16, 16384 / (nh * dvp)));
-    states pre, loc;
-    load_states(pre, p, init, b, h0, nh);
-    loc.resize(nh, dvp);
-    std::vector<float> tmp(static_cast<std::size_t>(sub * nh * dvp)), mz(static_cast<std::size_t>(2 * sub * nh));
-    const row_dest tmp_dest{tmp.data(), nh * dvp, dvp};
-    for (index_t c0 = 0; c0 < nv; c0 += C) {
-        const index_t c1 = std::min(c0 + C, nv);
-        loc.clear();
-        const bool pre_empty = std::all_of(pre.z.begin(), pre.z.end(), [](float z) { return z == 0.0f; });
-        for (index_t l0 = c0; l0 < c1; l0 += sub) {
-            const index_t l1 = std::min(l0 + sub, c1);
-            const row_dest od = out_dest(p, b, l0, h0);
-            if (pre_empty) {
-                scan_rows<A>(p, b, hk0, hk1, l0, l1, loc, &od, mz.data(), p.stream);
-            } else {
-                scan_rows<A>(p, b, hk0, hk1, l0, l1, loc, &tmp_dest, mz.data(), false);
-                fix_rows<A>(p, hk0, hk1, l1 - l0, pre, tmp_dest, mz.data(), od, p.stream);
-            }
-        }
-        merge_states(pre, loc, dvp);
-    }
-    fill_rows<A>(p, b, hk0, hk1, nv, p.len, pre, p.stream);
-    save_states(pre, p, fin, b, h0);
-    simd::store_fence();
-}
-
-// Chunk-parallel schedule over every item and all heads (causal), or the non-causal call.
-template <class A>
-void run_chunked(const problem& p, thread_pool* pool, const state_arrays* init, const state_arrays* fin) {
+void run_causal(const problem& p, thread_pool* pool, const state_arrays* init, const state_arrays* fin) {
     const index_t B = p.batch, L = p.len, H = p.heads, Hk = p.heads_kv, dvp = p.dim_vp;
-    const index_t C = chunk_len(L), nc = (L + C - 1) / C;
-    std::vector<states> sum(static_cast<std::size_t>(B * nc)), pre(static_cast<std::size_t>(B * (nc + 1)));
-    std::vector<float> mz(p.causal ? static_cast<std::size_t>(2 * B * L * H) : 0);
-    // (1) chunk states, and in the causal case the chunk-local rows.
-    parallel_for(pool, B * nc, [&](std::int64_t it) {
-        const index_t b = it / nc, c0 = (it % nc) * C, nv = p.visible[static_cast<std::size_t>(b)];
-        states& s = sum[static_cast<std::size_t>(it)];
-        s.resize(H, dvp);
-        const index_t c1 = std::min(c0 + C, nv);
-        if (c0 >= c1) return;
-        const row_dest od = out_dest(p, b, c0, 0);
-        scan_rows<A>(p, b, 0, Hk, c0, c1, s, p.causal ? &od : nullptr, p.causal ? mz.data() + 2 * (b * L + c0) * H : nullptr,
-                     p.stream);
+    const index_t C = chunk_len(p), nc = (L + C - 1) / C, total = B * nc;
+    prefix_table pre(p, nc, init);
+    std::atomic<index_t> next{0};
+    const index_t T = pool ? static_cast<index_t>(pool->size()) : 1;
+    parallel_for(pool, std::min(T, total), [&](std::int64_t) {
+        // Everything a chunk needs is allocated before the first claim: an exception after a
+        // claim would leave the chunk's successors waiting.
+        states loc;
+        loc.resize(H, dvp);
+        std::vector<float> buf(static_cast<std::size_t>(C * H * dvp)), mz(static_cast<std::size_t>(2 * C * H));
+        const row_dest buf_dest{buf.data(), H * dvp, dvp};
+        for (index_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
+            const index_t b = it / nc, c = it % nc, c0 = c * C, c1 = std::min(c0 + C, L);
+            const index_t nv = p.visible[static_cast<std::size_t>(b)], vis_end = std::min(c1, nv);
+            loc.clear();
+            // The first chunk of an item without an initial state writes its rows directly.
+            const bool direct = c == 0 && !init;
+            const row_dest od = out_dest(p, b, c0);
+            if (c0 < vis_end) scan_rows<A>(p, b, 0, Hk, c0, vis_end, loc, direct ? &od : &buf_dest, mz.data(), direct && p.stream);
+            pre.wait(b, c);
+            const state_ref pc = pre.at(b, c), pn = pre.at(b, c + 1);
+            copy_state(pn, pc, H, dvp);
+            merge_states(pn, ref(loc), H, dvp);
+            pre.publish(b, c + 1);
+            if (c0 < vis_end && !direct) fix_rows<A>(p, 0, Hk, vis_end - c0, pc, buf_dest, mz.data(), od, p.stream);
+            // Rows past the visible tokens see all of them: P_{c+1} is already the final state.
+            fill_rows<A>(p, b, 0, Hk, std::max(c0, nv), c1, pn, p.stream);
+        }
         simd::store_fence();
     });
-    // (2) prefix states in chunk order.
-    parallel_for(pool, B, [&](std::int64_t b) {
-        states* pb = pre.data() + b * (nc + 1);
-        load_states(pb[0], p, init, b, 0, H);
-        for (index_t c = 0; c < nc; ++c) {
-            pb[c + 1] = pb[c];
-            merge_states(pb[c + 1], sum[static_cast<std::size_t>(b * nc + c)], dvp);
-        }
-        save_states(pb[nc], p, fin, b, 0);
-    });
-    // (3) final rows: fixed in place (causal) or the item's mean (non-causal, and causal rows
-    // past the visible tokens).
+    for (index_t b = 0; b < B; ++b) pre.save(b, fin);
+}
+
+template <class A>
+void run_noncausal(const problem& p, thread_pool* pool) {
+    const index_t B = p.batch, L = p.len, H = p.heads, Hk = p.heads_kv, dvp = p.dim_vp;
+    const index_t C = chunk_len(p), nc = (L + C - 1) / C;
+    std::vector<float> sm(static_cast<std::size_t>(B * nc * H), -HUGE_VALF), sz(sm.size(), 0.0f),
+        sn(sm.size() * static_cast<std::size_t>(dvp), 0.0f);
+    std::vector<float> tm(static_cast<std::size_t>(B * H), -HUGE_VALF), tz(tm.size(), 0.0f),
+        tn(tm.size() * static_cast<std::size_t>(dvp), 0.0f);
     parallel_for(pool, B * nc, [&](std::int64_t it) {
-        const index_t b = it / nc, c = it % nc, c0 = c * C, c1 = std::min(c0 + C, L);
-        const index_t nv = p.visible[static_cast<std::size_t>(b)];
-        const states* pb = pre.data() + b * (nc + 1);
-        if (!p.causal) {
-            fill_rows<A>(p, b, 0, Hk, c0, c1, pb[nc], p.stream);
-        } else {
-            const index_t vis_end = std::min(c1, nv);
-            if (c0 < vis_end) {
-                const row_dest od = out_dest(p, b, c0, 0);
-                fix_rows<A>(p, 0, Hk, vis_end - c0, pb[c], od, mz.data() + 2 * (b * L + c0) * H, od, p.stream);
-            }
-            fill_rows<A>(p, b, 0, Hk, std::max(c0, nv), c1, pb[nc], p.stream);
-        }
+        const index_t b = it / nc, c0 = (it % nc) * C, c1 = std::min(c0 + C, p.visible[static_cast<std::size_t>(b)]);
+        if (c0 >= c1) return;
+        states s;
+        s.resize(H, dvp);
+        scan_rows<A>(p, b, 0, Hk, c0, c1, s, nullptr, nullptr, false);
+        copy_state(slot(sm, sz, sn, it, H, dvp), ref(s), H, dvp);
+    });
+    for (index_t b = 0; b < B; ++b)
+        for (index_t c = 0; c < nc; ++c) merge_states(slot(tm, tz, tn, b, H, dvp), slot(sm, sz, sn, b * nc + c, H, dvp), H, dvp);
+    parallel_for(pool, B * nc, [&](std::int64_t it) {
+        const index_t b = it / nc, c0 = (it % nc) * C;
+        fill_rows<A>(p, b, 0, Hk, c0, std::min(c0 + C, L), slot(tm, tz, tn, b, H, dvp), p.stream);
         simd::store_fence();
     });
 }
 
 // Runs the call; init (optional) is the state before position 0, fin (optional) receives the
-// state after the last visible token.
+// state after the last visible token (both causal only, for self_gating_state).
 template <class A>
 void run(const problem& p, thread_pool* pool, const state_arrays* init, const state_arrays* fin) {
     if (p.batch == 0 || p.len == 0) return;
-    const index_t T = pool ? static_cast<index_t>(pool->size()) : 1;
-    if (!p.causal) return run_chunked<A>(p, pool, nullptr, fin);
-    // Cost model in units of one sequential pass over everything: slices of heads cost their
-    // share, rounded up to whole items per thread; the chunk-parallel schedule streams out once
-    // more (about 1.5 passes), spread over every thread.
-    const index_t slices = std::min(p.heads_kv, std::max<index_t>(1, (T + p.batch - 1) / p.batch));
-    const index_t items = p.batch * slices;
-    const double t_seq = static_cast<double>((items + T - 1) / T) / static_cast<double>(items);
-    const index_t pieces = p.batch * ((p.len + chunk_len(p.len) - 1) / chunk_len(p.len));
-    const double t_chunk = 1.5 * static_cast<double>((pieces + T - 1) / T) / static_cast<double>(pieces);
-    if (T == 1 || t_seq <= t_chunk) {
-        parallel_for(pool, items, [&](std::int64_t it) {
-            const index_t b = it / slices, s = it % slices;
-            run_sequential<A>(p, b, p.heads_kv * s / slices, p.heads_kv * (s + 1) / slices, init, fin);
-        });
-    } else {
-        run_chunked<A>(p, pool, init, fin);
-    }
+    if (p.causal)
+        run_causal<A>(p, pool, init, fin);
+    else
+        run_noncausal<A>(p, pool);
 }
 
 }  // namespace self_gating

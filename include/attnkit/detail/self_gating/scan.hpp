@@ -58,6 +58,14 @@ struct states {
     }
 };
 
+// A state (or the states of a range of heads) held elsewhere: m[nh], z[nh], n[nh][dim_vp].
+struct state_ref {
+    float* m;
+    float* z;
+    float* n;
+};
+inline state_ref ref(states& st) { return {st.m.data(), st.z.data(), st.n.data()}; }
+
 // A destination of rows: row l (relative to the first row of the call), head hh (relative to
 // the first head of the range) at base + l * sl + hh * sh.
 struct row_dest {
@@ -166,7 +174,7 @@ inline ATTNKIT_NOINLINE void merge_state(float& ma, float& za, float* na, float 
 // the chunk: o = (z e^(m - M) o_loc + e^(m_pre - M) n_pre) / (z e^(m - M) + z_pre e^(m_pre - M)).
 // Heads whose prefix is empty keep o_loc (copied when src != dst).
 template <class A>
-ATTNKIT_NOINLINE void fix_rows(const problem& p, index_t hk0, index_t hk1, index_t n_rows, const states& pre,
+ATTNKIT_NOINLINE void fix_rows(const problem& p, index_t hk0, index_t hk1, index_t n_rows, const state_ref& pre,
                                const row_dest& src, const float* mz, const row_dest& dst, bool stream) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
@@ -186,7 +194,7 @@ ATTNKIT_NOINLINE void fix_rows(const problem& p, index_t hk0, index_t hk1, index
             const float el = z * std::exp(m - mx), ep = std::exp(mp - mx);
             const float inv = 1.0f / (el + zp * ep);
             const V a(el * inv), bp(ep * inv);
-            const float* np = pre.n.data() + hh * dvp;
+            const float* np = pre.n + hh * dvp;
             index_t c = 0;
             if (stream && simd::stream_aligned<A>(d)) {
                 for (; c + W <= dv; c += W)
@@ -206,12 +214,12 @@ ATTNKIT_NOINLINE void fix_rows(const problem& p, index_t hk0, index_t hk1, index
 // for an empty state): the non-causal output, and causal rows past the visible tokens.
 template <class A>
 ATTNKIT_NOINLINE void fill_rows(const problem& p, index_t b, index_t hk0, index_t hk1, index_t l0, index_t l1,
-                                const states& st, bool stream) {
+                                const state_ref& st, bool stream) {
     const index_t nh = (hk1 - hk0) * p.group, h0 = hk0 * p.group;
     for (index_t l = l0; l < l1; ++l)
         for (index_t hh = 0; hh < nh; ++hh) {
             const float z = st.z[hh];
-            store_scaled<A>(p.out_row(b, l, h0 + hh), st.n.data() + hh * p.dim_vp, z == 0.0f ? 0.0f : 1.0f / z,
+            store_scaled<A>(p.out_row(b, l, h0 + hh), st.n + hh * p.dim_vp, z == 0.0f ? 0.0f : 1.0f / z,
                             p.dim_v, stream);
         }
 }
