@@ -1,0 +1,152 @@
+#!/usr/bin/python3
+"""Draws the comparison suite's plots from Google Benchmark JSON files.
+
+    /usr/bin/python3 bench/scripts/plot_report.py OUT_DIR RESULTS.json [MORE.json ...]
+
+Benchmark names follow bench/variants_bench.cpp:
+
+    <variant>/prefill/L:<L>/D:<D>/H:<H>/threads:<t>     prefill of L tokens
+    <variant>/decode/ctx:<N>/D:<D>/H:<H>/threads:<t>    one decode step at context N
+    decoder/<schedule>/<variant>/<phase>/threads:<t>    the decoder template (tokens/s counter)
+
+With repetitions the median aggregate is used, else the single run. Writes, for each kind
+found: prefill_time.png (log-log time against L, one line per variant and thread count),
+decode_time.png (time per step against context), schedules.png (decoder tokens/s per schedule
+and variant). Prints the files written; exits 1 when no plot could be drawn.
+Needs Debian's python3-matplotlib (cmake/install-deps.sh installs it).
+"""
+import json
+import os
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: CI and headless machines
+import matplotlib.pyplot as plt  # noqa: E402
+
+TIME_TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def load_runs(paths):
+    """name -> (time in ms, counters) from median aggregates, or runs when no aggregate."""
+    medians, runs = {}, defaultdict(list)
+    context = {}
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        context.update(data.get("context", {}))
+        for b in data.get("benchmarks", []):
+            if b.get("error_occurred"):
+                continue
+            name = b.get("run_name", b["name"])
+            ms = b["real_time"] * TIME_TO_MS.get(b.get("time_unit", "ns"), 1e-6)
+            entry = (ms, {k: v for k, v in b.items() if isinstance(v, (int, float))})
+            if b.get("run_type") == "aggregate":
+                if b.get("aggregate_name") == "median":
+                    medians[name] = entry
+            else:
+                runs[name].append(entry)
+    result = dict(medians)
+    for name, entries in runs.items():
+        if name not in result:
+            entries.sort(key=lambda e: e[0])
+            result[name] = entries[len(entries) // 2]
+    return result, context
+
+
+def parse(name):
+    parts = name.split("/")
+    fields = {}
+    for p in parts[1:]:
+        if ":" in p:
+            k, v = p.split(":", 1)
+            fields[k] = v
+    return parts, fields
+
+
+def machine_label(context):
+    simd = context.get("attnkit_simd", "")
+    peak = context.get("attnkit_fma_peak_gflops_per_thread", "")
+    bw = context.get("attnkit_dram_read_gbs_threads_1", "")
+    host = context.get("host_name", "")
+    cpu = "%s, %s GFLOP/s/thread, %s GB/s read" % (simd, peak, bw) if simd else ""
+    return (host + " " + cpu).strip()
+
+
+def line_plot(series, xlabel, ylabel, title, path, label):
+    if not series:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for key in sorted(series):
+        pts = sorted(series[key])
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=key)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title + ("\n" + label if label else ""), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv):
+    if len(argv) < 3:
+        print(__doc__.strip())
+        return 2
+    out_dir, paths = argv[1], argv[2:]
+    os.makedirs(out_dir, exist_ok=True)
+    runs, context = load_runs(paths)
+    label = machine_label(context)
+
+    prefill, decode = defaultdict(list), defaultdict(list)
+    schedules = defaultdict(dict)
+    for name, (ms, counters) in runs.items():
+        parts, f = parse(name)
+        if len(parts) < 2:
+            continue
+        threads = f.get("threads", "1")
+        if parts[1] == "prefill" and "L" in f:
+            key = "%s (D=%s, %s thr)" % (parts[0], f.get("D", "?"), threads)
+            prefill[key].append((int(f["L"]), ms))
+        elif parts[1] == "decode" and "ctx" in f:
+            key = "%s (D=%s, %s thr)" % (parts[0], f.get("D", "?"), threads)
+            decode[key].append((int(f["ctx"]), ms))
+        elif parts[0] == "decoder" and len(parts) >= 4:
+            tps = counters.get("tokens/s") or counters.get("tokens_per_second")
+            if tps:
+                schedules["%s %s" % (parts[3], threads)][(parts[1], parts[2])] = tps
+
+    written = []
+    p = os.path.join(out_dir, "prefill_time.png")
+    if line_plot(prefill, "sequence length L", "time per prefill (ms)", "Prefill time against L", p, label):
+        written.append(p)
+    p = os.path.join(out_dir, "decode_time.png")
+    if line_plot(decode, "context length", "time per decode step (ms)", "Decode step time against context", p, label):
+        written.append(p)
+    if schedules:
+        p = os.path.join(out_dir, "schedules.png")
+        groups = sorted(schedules)
+        fig, axes = plt.subplots(len(groups), 1, figsize=(10, 4 * len(groups)), squeeze=False)
+        for ax, g in zip(axes[:, 0], groups):
+            items = sorted(schedules[g].items())
+            ax.bar(range(len(items)), [v for _, v in items])
+            ax.set_xticks(range(len(items)))
+            ax.set_xticklabels(["%s\n%s" % k for k, _ in items], fontsize=7, rotation=60)
+            ax.set_ylabel("tokens/s")
+            ax.set_title("Decoder throughput by schedule and variant: " + g, fontsize=10)
+        fig.tight_layout()
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    for w in written:
+        print(w)
+    return 0 if written else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
