@@ -28,6 +28,7 @@
 #include "attnkit/detail/mta/block_kernel.hpp"
 #include "attnkit/detail/mta/check.hpp"
 #include "attnkit/detail/mta/plan.hpp"
+#include "attnkit/detail/mta/state.hpp"
 #include "attnkit/detail/scratch.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
