@@ -1,0 +1,248 @@
+// A Qwen2.5-shaped pre-norm decoder whose attention sublayer per layer is standard attention or
+// one variant, chosen by a hybrid schedule: the template to copy when starting a model.
+//
+//   attnkit::model::decoder_config cfg;            // the 70M shape: d 512, 6 layers, 8 heads
+//   cfg.schedule = "middle";  cfg.variant = attnkit::model::attention_variant::taylor;
+//   attnkit::model::decoder model(cfg);            // weights from cfg.seed
+//   std::vector<float> logits = model.prefill(prompt);
+//   logits = model.decode_step(next_token);        // per-layer KV cache or variant state
+//
+// Per layer: x += Wo . attention(RoPE(Wq . n), RoPE(Wk . n), Wv . n), n = RMSNorm(x); then
+// x += SwiGLU(RMSNorm(x)); final RMSNorm and the output projection tied to the embedding.
+// Layer kinds (decoder_config.hpp): standard keeps a KV cache; taylor, self_gating and mta keep
+// their decode states (prefill runs through the state, which equals the full causal call);
+// self-gating's query is SiLU(Wq . n) as in the paper; rnd_emb_qk / fixed_seq_qk take Q and K
+// from the fixed stream (random embeddings, or the embeddings of one token sequence) that the
+// constructor runs once through the model (every layer as standard attention), keeping a value
+// cache and a static_attention_map for decode; embedding_qk takes Q and K of all its layers from
+// the token embeddings in one projection (embedding_qk.hpp) and keeps a KV cache; mlp replaces
+// the sublayer with a gated MLP of width gated_mlp_width(d). No biases (Qwen2.5 has q/k/v
+// biases; a template that needs them adds three vectors). Batch size 1: a decoding session.
+//
+// profile() reports the seconds spent in attnkit kernels (attention, norms, RoPE), in GEMMs
+// (projections, MLPs, logits) and elsewhere (embedding lookup, cache copies, residual adds),
+// measured with a steady clock around each stage.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "attnkit/attnkit.hpp"
+#include "attnkit/detail/gemm.hpp"
+#include "attnkit/model/decoder_config.hpp"
+#include "attnkit/model/decoder_layer.hpp"
+
+namespace attnkit {
+namespace model {
+
+struct decoder_profile {
+    double kernels = 0, gemm = 0, other = 0;  // seconds
+    double total() const { return kernels + gemm + other; }
+};
+
+class decoder {
+   public:
+    explicit decoder(const decoder_config& cfg) : c_(cfg) {
+        check_decoder_config(c_);
+        const std::vector<bool> standard = hybrid_schedule(c_.schedule, c_.layers);  // throws on bad names
+        weight_rng rng(c_.seed);
+        const index_t d = c_.d_model;
+        embed_ = tensor2(c_.vocab, d);
+        rng.fill(embed_, 0.02f);
+        embed_t_ = tensor2(d, c_.vocab);  // the tied output projection, stored transposed for the GEMM
+        for (index_t t = 0; t < c_.vocab; ++t)
+            for (index_t i = 0; i < d; ++i) embed_t_(i, t) = embed_(t, i);
+        final_norm_ = tensor1(d);
+        final_norm_.setConstant(1.0f);
+        index_t n_emb = 0;
+        for (index_t l = 0; l < c_.layers; ++l) {
+            const attention_variant kind = standard[static_cast<std::size_t>(l)] ? attention_variant::standard : c_.variant;
+            layers_.push_back(std::make_unique<decoder_layer>(c_, kind, l, rng));
+            if (kind == attention_variant::embedding_qk) layers_.back()->emb_index = n_emb++;
+            kinds_.push_back(kind);
+        }
+        if (n_emb > 0) build_embedding_qk(n_emb);
+        if (std::any_of(kinds_.begin(), kinds_.end(), is_static)) run_fixed_stream(rng);
+        reset();
+    }
+
+    const decoder_config& config() const { return c_; }
+    const std::vector<attention_variant>& layer_kinds() const { return kinds_; }
+    index_t length() const { return pos_; }
+    const decoder_profile& profile() const { return prof_; }
+    void reset_profile() { prof_ = {}; }
+
+    void reset() {
+        pos_ = 0;
+        for (auto& l : layers_) l->reset_state(c_);
+    }
+
+    // Starts a new sequence: the logits of the last prompt token.
+    std::vector<float> prefill(const std::vector<std::int32_t>& tokens) {
+        check_tokens(tokens, 0);
+        reset();
+        return forward(tokens);
+    }
+    // Appends one token: the logits that predict the next.
+    std::vector<float> decode_step(std::int32_t token) {
+        const std::vector<std::int32_t> t{token};
+        check_tokens(t, pos_);
+        return forward(t);
+    }
+
+   private:
+    static bool is_static(attention_variant k) {
+        return k == attention_variant::rnd_emb_qk || k == attention_variant::fixed_seq_qk;
+    }
+
+    void check_tokens(const std::vector<std::int32_t>& tokens, index_t at) const {
+        if (tokens.empty()) throw std::invalid_argument("attnkit::model::decoder: no tokens to process");
+        if (at + static_cast<index_t>(tokens.size()) > c_.max_length)
+            throw std::invalid_argument("attnkit::model::decoder: " + std::to_string(at) + " + " +
+                                        std::to_string(tokens.size()) + " tokens exceed max_length = " +
+                                        std::to_string(c_.max_length));
+        for (std::int32_t t : tokens)
+            if (t < 0 || t >= c_.vocab)
+                throw std::invalid_argument("attnkit::model::decoder: token " + std::to_string(t) +
+                                            " outside [0, vocab = " + std::to_string(c_.vocab) + ")");
+    }
+
+    template <class F>
+    void timed(double& bucket, F&& f) {
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        bucket += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+
+    // One GEMM over the pool: C [rows, n] = A [rows, k] W [k, n].
+    void project(const float* a, index_t rows, const tensor2& w, float* out) {
+        const index_t k = w.dimension(0), n = w.dimension(1);
+        timed(prof_.gemm, [&] {
+            attnkit::detail::gemm_blocks({a, rows, k, k}, {w.data(), k, n, n}, {out, rows, n, n}, c_.pool, 64, 256);
+        });
+    }
+
+    // StaticEmbQK: every embedding_qk layer's W_Q^l, W_K^l side by side, one projection.
+    void build_embedding_qk(index_t n_emb) {
+        emb_layout_ = {n_emb, c_.heads, c_.heads_kv, c_.head_dim()};
+        const index_t w = (c_.heads + c_.heads_kv) * c_.head_dim();
+        emb_w_ = tensor2(c_.d_model, n_emb * w);
+        for (const auto& l : layers_) {
+            if (l->emb_index < 0) continue;
+            for (index_t i = 0; i < c_.d_model; ++i) {
+                std::copy_n(&l->wq(i, 0), l->wq.dimension(1), &emb_w_(i, l->emb_index * w));
+                std::copy_n(&l->wk(i, 0), l->wk.dimension(1), &emb_w_(i, l->emb_index * w + l->wq.dimension(1)));
+            }
+        }
+    }
+
+    // RndEmbQK / FixedSeqQK: run the fixed stream through the model once, every layer as
+    // standard attention, and keep each static layer's Q and K (as the paper does).
+    void run_fixed_stream(weight_rng& rng) {
+        const index_t L = c_.max_length, d = c_.d_model;
+        tensor2 x(L, d);
+        if (c_.variant == attention_variant::rnd_emb_qk) {
+            rng.fill(x, 1.0f / std::sqrt(static_cast<float>(d)));  // RMS ~ 1 after the first norm
+        } else {
+            std::vector<std::int32_t> seq = c_.fixed_sequence;
+            while (static_cast<index_t>(seq.size()) < L)
+                seq.push_back(static_cast<std::int32_t>(rng.uniform() * static_cast<double>(c_.vocab)) % static_cast<std::int32_t>(c_.vocab));
+            for (index_t t = 0; t < L; ++t) std::copy_n(&embed_(seq[static_cast<std::size_t>(t)], 0), d, &x(t, 0));
+        }
+        scratch s(c_, L);
+        for (auto& l : layers_) layer_forward(*l, x, s, L, 0, /*stream=*/true);
+        for (auto& l : layers_)
+            if (is_static(l->kind)) l->build_map(c_);
+    }
+
+    struct scratch {
+        tensor2 h, a, q, k, v, att;
+        scratch(const decoder_config& c, index_t T)
+            : h(T, c.d_model), a(T, c.d_model), q(T, c.heads * c.head_dim()), k(T, c.heads_kv * c.head_dim()),
+              v(T, c.heads_kv * c.head_dim()), att(T, c.heads * c.head_dim()) {}
+    };
+
+    std::vector<float> forward(const std::vector<std::int32_t>& tokens) {
+        const index_t T = static_cast<index_t>(tokens.size()), d = c_.d_model;
+        tensor2 x(T, d);
+        timed(prof_.other, [&] {
+            for (index_t t = 0; t < T; ++t) std::copy_n(&embed_(tokens[static_cast<std::size_t>(t)], 0), d, &x(t, 0));
+        });
+        if (emb_layout_.layers > 0) {  // StaticEmbQK: Q and K of all its layers from the embeddings, once
+            emb_qk_ = tensor3(1, T, emb_w_.dimension(1));
+            const view<const float, 3> e(x.data(), {1, T, d});
+            timed(prof_.gemm, [&] { embedding_qk_projection(e, emb_w_, emb_qk_, emb_layout_, c_.pool); });
+            timed(prof_.kernels, [&] {
+                rope_options ro{c_.rope_theta, pos_, c_.pool};
+                rope(view<float, 4>(emb_qk_.data(), {1, T, emb_w_.dimension(1) / c_.head_dim(), c_.head_dim()}), ro);
+            });
+        }
+        scratch s(c_, T);
+        for (auto& l : layers_) layer_forward(*l, x, s, T, pos_, /*stream=*/false);
+        pos_ += T;
+        std::vector<float> logits(static_cast<std::size_t>(c_.vocab));
+        tensor2 last(1, d);
+        timed(prof_.kernels, [&] { rms_norm(view<const float, 2>(&x(T - 1, 0), {1, d}), final_norm_, last, c_.norm_eps); });
+        project(last.data(), 1, embed_t_, logits.data());
+        return logits;
+    }
+
+    void layer_forward(decoder_layer& l, tensor2& x, scratch& s, index_t T, index_t pos, bool stream) {
+        const index_t d = c_.d_model, H = c_.heads, Hk = c_.heads_kv, D = c_.head_dim();
+        const view<const float, 2> xin(x.data(), {T, d});
+        const view<float, 2> h(s.h.data(), {T, d}), a(s.a.data(), {T, d});
+        timed(prof_.kernels, [&] { rms_norm(xin, l.attn_norm, h, c_.norm_eps, c_.pool); });
+        if (l.kind == attention_variant::mlp) {
+            timed(prof_.gemm, [&] { gated_mlp(h, l.mg, l.mu, l.md, a, gated_mlp_options{c_.pool}); });
+        } else {
+            const view<float, 4> q(s.q.data(), {1, T, H, D}), k(s.k.data(), {1, T, Hk, D}), v(s.v.data(), {1, T, Hk, D});
+            const view<float, 4> att(s.att.data(), {1, T, H, D});
+            project(s.h.data(), T, l.wv, s.v.data());
+            if (l.kind == attention_variant::embedding_qk && !stream) {
+                timed(prof_.other, [&] {  // copies out of the shared projection (already rotated)
+                    const auto eq = embedding_q(emb_qk_, emb_layout_, l.emb_index);
+                    const auto ek = embedding_k(emb_qk_, emb_layout_, l.emb_index);
+                    for (index_t t = 0; t < T; ++t) {
+                        for (index_t hh = 0; hh < H; ++hh) std::copy_n(eq.ptr(0, t, hh), D, q.ptr(0, t, hh));
+                        for (index_t hh = 0; hh < Hk; ++hh) std::copy_n(ek.ptr(0, t, hh), D, k.ptr(0, t, hh));
+                    }
+                });
+            } else {
+                project(s.h.data(), T, l.wq, s.q.data());
+                project(s.h.data(), T, l.wk, s.k.data());
+                timed(prof_.kernels, [&] {
+                    rope_options ro{c_.rope_theta, pos, c_.pool};
+                    rope(q, ro);
+                    rope(k, ro);
+                });
+            }
+            timed(prof_.kernels, [&] { l.attend(c_, q, k, v, att, pos, stream); });
+            project(s.att.data(), T, l.wo, s.a.data());
+        }
+        timed(prof_.other, [&] { add_rows(x, s.a, T); });
+        timed(prof_.kernels, [&] { rms_norm(xin, l.ffn_norm, h, c_.norm_eps, c_.pool); });
+        timed(prof_.gemm, [&] { gated_mlp(h, l.fg, l.fu, l.fd, a, gated_mlp_options{c_.pool}); });
+        timed(prof_.other, [&] { add_rows(x, s.a, T); });
+    }
+
+    // The residual: x[:T] += a[:T].
+    static void add_rows(tensor2& x, const tensor2& a, index_t T) {
+        const index_t n = T * x.dimension(1);
+        for (index_t i = 0; i < n; ++i) x.data()[i] += a.data()[i];
+    }
+
+    decoder_config c_;
+    std::vector<std::unique_ptr<decoder_layer>> layers_;
+    std::vector<attention_variant> kinds_;
+    tensor2 embed_, embed_t_, emb_w_;
+    tensor1 final_norm_;
+    tensor3 emb_qk_;
+    embedding_qk_layout emb_layout_{};
+    index_t pos_ = 0;
+    decoder_profile prof_;
+};
+
+}  // namespace model
+}  // namespace attnkit

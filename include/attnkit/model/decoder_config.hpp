@@ -1,0 +1,123 @@
+// The decoder template's configuration: sizes, the attention variant and the layer schedule
+// (model/hybrid_schedule.hpp) that decides which layers keep standard attention, and the
+// seeded weight initialisation (nothing is downloaded). See model/decoder.hpp for the model.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attnkit/config.hpp"
+#include "attnkit/thread_pool.hpp"
+
+namespace attnkit {
+namespace model {
+
+// The attention sublayer of a non-standard layer (Xue et al.'s variants and MTA).
+enum class attention_variant {
+    standard,      // softmax attention with a KV cache
+    taylor,        // "Approximate": second-order Taylor softmax, taylor_state in decode
+    self_gating,   // "Non-approximate": each token scores itself, self_gating_state in decode
+    rnd_emb_qk,    // static Q/K from a stream of random embeddings run through the model
+    fixed_seq_qk,  // static Q/K from the embeddings of one fixed token sequence
+    embedding_qk,  // StaticEmbQK: Q/K from the token embeddings, one projection for all layers
+    mlp,           // no token mixing: the attention sublayer is a gated MLP of the same size
+    mta            // multi-token attention: key-query convolution, head mixing, group norm
+};
+
+inline const std::vector<std::pair<std::string, attention_variant>>& attention_variant_names() {
+    static const std::vector<std::pair<std::string, attention_variant>> names = {
+        {"standard", attention_variant::standard},       {"taylor", attention_variant::taylor},
+        {"self_gating", attention_variant::self_gating}, {"rnd_emb_qk", attention_variant::rnd_emb_qk},
+        {"fixed_seq_qk", attention_variant::fixed_seq_qk}, {"embedding_qk", attention_variant::embedding_qk},
+        {"mlp", attention_variant::mlp},                 {"mta", attention_variant::mta}};
+    return names;
+}
+
+inline attention_variant parse_attention_variant(const std::string& name) {
+    std::string valid;
+    for (const auto& n : attention_variant_names()) {
+        if (n.first == name) return n.second;
+        valid += (valid.empty() ? "" : ", ") + n.first;
+    }
+    throw std::invalid_argument("attnkit::model: unknown attention variant \"" + name + "\"; valid names: " + valid);
+}
+
+inline const std::string& attention_variant_name(attention_variant v) {
+    for (const auto& n : attention_variant_names())
+        if (n.second == v) return n.first;
+    throw std::invalid_argument("attnkit::model: invalid attention_variant value");
+}
+
+// A Qwen2.5-shaped pre-norm decoder. Defaults: the 70M shape of Xue et al. (Table 10:
+// d_model 512, 6 layers, 8 heads).
+struct decoder_config {
+    index_t vocab = 512;
+    index_t d_model = 512;
+    index_t layers = 6;
+    index_t heads = 8;
+    index_t heads_kv = 8;
+    index_t ffn = 0;            // SwiGLU width; 0: 8 d_model / 3 rounded up to a multiple of 64
+    index_t max_length = 1024;  // longest sequence (KV caches and static maps are sized by it)
+    float rope_theta = 1e6f;    // Qwen2.5's RoPE base
+    float norm_eps = 1e-6f;
+    std::uint64_t seed = 1;     // every weight (and the fixed stream) derives from it
+    std::string schedule = "uniform";  // hybrid_schedule name: layers that keep standard attention
+    attention_variant variant = attention_variant::standard;
+    // FixedSeqQK's fixed text as token ids (< vocab); empty: a seeded random sequence.
+    std::vector<std::int32_t> fixed_sequence;
+    thread_pool* pool = nullptr;
+
+    index_t head_dim() const { return heads > 0 ? d_model / heads : 0; }
+    index_t ffn_width() const { return ffn > 0 ? ffn : (8 * d_model / 3 + 63) / 64 * 64; }
+};
+
+// Throws std::invalid_argument naming the field when the shapes cannot work together.
+inline void check_decoder_config(const decoder_config& c) {
+    auto bad = [](const std::string& what) { throw std::invalid_argument("attnkit::model::decoder: " + what); };
+    if (c.vocab < 1 || c.d_model < 1 || c.layers < 1 || c.heads < 1 || c.heads_kv < 1 || c.max_length < 1)
+        bad("vocab, d_model, layers, heads, heads_kv and max_length must be >= 1");
+    if (c.d_model % c.heads != 0)
+        bad("d_model = " + std::to_string(c.d_model) + " must be a multiple of heads = " + std::to_string(c.heads));
+    if (c.heads % c.heads_kv != 0)
+        bad("heads = " + std::to_string(c.heads) + " must be a multiple of heads_kv = " + std::to_string(c.heads_kv));
+    if (c.head_dim() % 2 != 0)
+        bad("head dim d_model / heads = " + std::to_string(c.head_dim()) + " must be even (rotate-half RoPE)");
+    if (c.ffn < 0) bad("ffn must be >= 0 (0: default width), got " + std::to_string(c.ffn));
+    if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps)) bad("norm_eps must be finite and > 0");
+    if (!(c.rope_theta > 1.0f) || !std::isfinite(c.rope_theta)) bad("rope_theta must be finite and > 1");
+    for (std::int32_t t : c.fixed_sequence)
+        if (t < 0 || t >= c.vocab)
+            bad("fixed_sequence: token " + std::to_string(t) + " outside [0, vocab = " + std::to_string(c.vocab) + ")");
+}
+
+// Seeded N(0, sigma) values: splitmix64 bits through Box-Muller, the same on every platform.
+class weight_rng {
+   public:
+    explicit weight_rng(std::uint64_t seed) : s_(seed * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL) {}
+    double uniform() {  // (0, 1)
+        s_ += 0x9e3779b97f4a7c15ULL;
+        std::uint64_t z = s_;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        z ^= z >> 31;
+        return (static_cast<double>(z >> 11) + 0.5) / 9007199254740992.0;
+    }
+    float normal(float sigma) {
+        const double r = std::sqrt(-2.0 * std::log(uniform())), a = 6.283185307179586 * uniform();
+        return static_cast<float>(sigma * r * std::cos(a));
+    }
+    template <class T>
+    void fill(T& t, float sigma) {
+        for (index_t i = 0; i < static_cast<index_t>(t.size()); ++i) t.data()[i] = normal(sigma);
+    }
+
+   private:
+    std::uint64_t s_;
+};
+
+}  // namespace model
+}  // namespace attnkit

@@ -1,0 +1,132 @@
+// attnkit::model::decoder: for every variant, the last row of a prefill equals a decode step
+// after a prefill of one token fewer; thread counts give identical tokens; configs and inputs
+// that cannot work are rejected without a state change.
+#include "attnkit/model/decoder.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace attnkit::model;
+using attnkit::index_t;
+
+decoder_config small_config(attention_variant v, const std::string& schedule) {
+    decoder_config c;
+    c.vocab = 97;
+    c.d_model = 64;
+    c.layers = 4;
+    c.heads = 4;
+    c.heads_kv = 2;
+    c.max_length = 48;
+    c.variant = v;
+    c.schedule = schedule;
+    c.seed = 7;
+    return c;
+}
+
+std::vector<std::int32_t> prompt(index_t n) {
+    std::vector<std::int32_t> t;
+    for (index_t i = 0; i < n; ++i) t.push_back(static_cast<std::int32_t>((i * 37 + 11) % 97));
+    return t;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    double m = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
+    return m;
+}
+
+class DecoderVariants : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DecoderVariants, DecodeStepEqualsLastPrefillRow) {
+    const attention_variant v = parse_attention_variant(GetParam());
+    for (const char* schedule : {"uniform", "hybrid"}) {
+        SCOPED_TRACE(schedule);
+        decoder full(small_config(v, schedule));
+        const std::vector<std::int32_t> p = prompt(21);
+        const std::vector<float> want = full.prefill(p);
+        decoder inc(small_config(v, schedule));
+        inc.prefill(std::vector<std::int32_t>(p.begin(), p.end() - 1));
+        const std::vector<float> got = inc.decode_step(p.back());
+        ASSERT_EQ(got.size(), want.size());
+        double scale = 0;
+        for (float x : want) scale = std::max(scale, double(std::fabs(x)));
+        // Different but equivalent kernels (tile vs row kernel, full call vs state step):
+        // float rounding of a 4-layer model, relative to the logits' magnitude.
+        EXPECT_LE(max_abs_diff(got, want), 2e-4 * (1.0 + scale)) << GetParam();
+        EXPECT_EQ(inc.length(), 21);
+    }
+}
+
+TEST_P(DecoderVariants, ThreadCountsGiveIdenticalTokens) {
+    const attention_variant v = parse_attention_variant(GetParam());
+    std::vector<std::vector<float>> runs;
+    for (int threads : {1, 2, 3}) {
+        attnkit::thread_pool pool(static_cast<std::size_t>(threads));
+        decoder_config c = small_config(v, "middle");
+        c.pool = threads > 1 ? &pool : nullptr;
+        decoder m(c);
+        std::vector<float> logits = m.prefill(prompt(9));
+        for (int s = 0; s < 4; ++s) {
+            const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+            logits = m.decode_step(next);
+        }
+        runs.push_back(logits);
+    }
+    for (std::size_t r = 1; r < runs.size(); ++r)
+        for (std::size_t i = 0; i < runs[0].size(); ++i) ASSERT_EQ(runs[r][i], runs[0][i]) << "run " << r << " logit " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, DecoderVariants,
+                         ::testing::Values("standard", "taylor", "self_gating", "rnd_emb_qk", "fixed_seq_qk",
+                                           "embedding_qk", "mlp", "mta"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Decoder, LayerKindsFollowTheSchedule) {
+    decoder m(small_config(attention_variant::taylor, "bilateral"));
+    const std::vector<attention_variant> want = {attention_variant::standard, attention_variant::taylor,
+                                                 attention_variant::taylor, attention_variant::standard};
+    EXPECT_EQ(m.layer_kinds(), want);
+}
+
+TEST(Decoder, RejectsBadConfigsAndInputs) {
+    EXPECT_THROW(parse_attention_variant("linear_rnn"), std::invalid_argument);
+    decoder_config c = small_config(attention_variant::standard, "no_such_schedule");
+    EXPECT_THROW(decoder{c}, std::invalid_argument);
+    c = small_config(attention_variant::standard, "uniform");
+    c.d_model = 66;  // not a multiple of 4 heads
+    EXPECT_THROW(decoder{c}, std::invalid_argument);
+    c = small_config(attention_variant::standard, "uniform");
+    c.heads_kv = 3;
+    EXPECT_THROW(decoder{c}, std::invalid_argument);
+    c = small_config(attention_variant::standard, "uniform");
+    c.d_model = 12;  // head dim 3: odd, no rotate-half RoPE
+    EXPECT_THROW(decoder{c}, std::invalid_argument);
+
+    decoder m(small_config(attention_variant::standard, "uniform"));
+    m.prefill(prompt(47));
+    const std::vector<float> at47 = m.decode_step(5);  // position 47: the last one
+    EXPECT_THROW(m.decode_step(5), std::invalid_argument);  // beyond max_length
+    EXPECT_EQ(m.length(), 48);
+    EXPECT_THROW(m.prefill(prompt(49)), std::invalid_argument);
+    EXPECT_EQ(m.length(), 48);  // nothing changed
+    EXPECT_THROW(m.prefill({1, 2, 97}), std::invalid_argument);  // token outside the vocabulary
+    EXPECT_THROW(m.prefill({}), std::invalid_argument);
+    EXPECT_EQ(m.length(), 48);
+}
+
+TEST(Decoder, ProfileCountsKernelsAndGemms) {
+    decoder m(small_config(attention_variant::standard, "uniform"));
+    m.prefill(prompt(32));
+    const decoder_profile& p = m.profile();
+    EXPECT_GT(p.kernels, 0.0);
+    EXPECT_GT(p.gemm, 0.0);
+    EXPECT_GE(p.other, 0.0);
+}
+
+}  // namespace
