@@ -84,6 +84,39 @@ inline void build_features(const float* src, index_t n, const feature_table& ft,
     }
 }
 
+// One query row against the state (decode: too few rows to fill a panel's lanes): acc[c] =
+// sum_f phi_q(f) S[f][c] for c < dvp, value columns in lanes, S streamed once in groups of
+// kRowVectors columns held in registers. qa is the augmented scaled query [D + 2] (q~, 1, 0),
+// phi scratch of ft.padded floats. Reads up to W - 1 floats past the end of each S row (the
+// state is allocated with that padding); those lanes of acc are never used.
+template <class A>
+void read_row(const feature_table& ft, const float* S, index_t dvp, const float* qa, float* phi, float* acc) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    constexpr int kRowVectors = 4;
+    for (index_t f = 0; f < ft.padded; ++f)
+        phi[f] = ft.coef[static_cast<std::size_t>(f)] * qa[ft.a[static_cast<std::size_t>(f)]] *
+                 qa[ft.b[static_cast<std::size_t>(f)]];
+    for (index_t c0 = 0; c0 < dvp; c0 += kRowVectors * W) {
+        const int nv = static_cast<int>(std::min<index_t>(kRowVectors, (dvp - c0 + W - 1) / W));
+        V a[kRowVectors];
+        for (int x = 0; x < kRowVectors; ++x) a[x] = V(0.0f);
+        const float* s = S + c0;
+        if (nv == kRowVectors) {
+            for (index_t f = 0; f < ft.padded; ++f, s += dvp) {
+                const V pf(phi[f]);
+                for (int x = 0; x < kRowVectors; ++x) a[x] = simd::fma(pf, simd::loadu<A>(s + x * W), a[x]);
+            }
+        } else {
+            for (index_t f = 0; f < ft.padded; ++f, s += dvp) {
+                const V pf(phi[f]);
+                for (int x = 0; x < nv; ++x) a[x] = simd::fma(pf, simd::loadu<A>(s + x * W), a[x]);
+            }
+        }
+        for (int x = 0; x < nv; ++x) simd::storeu(acc + c0 + x * W, a[x]);
+    }
+}
+
 // Sizes of one chunk step, and its scratch.
 template <class A>
 struct chunk_buffers {
