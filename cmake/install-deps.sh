@@ -4,12 +4,12 @@
 #                                exit 1 with the exact command to run when not root
 set -euo pipefail
 
-packages=(cmake g++ make libeigen3-dev libxsimd-dev libgtest-dev libbenchmark-dev pkg-config)
+packages=(cmake g++ make libeigen3-dev libxsimd-dev libgtest-dev libbenchmark-dev pkg-config python3-matplotlib)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
     echo "install-deps: dpkg-query not found (not a Debian-based system); please install" \
          "CMake >= 3.25, a C++17 compiler, Eigen >= 3.4, xsimd >= 8.1, GoogleTest," \
-         "Google Benchmark and pkg-config yourself." >&2
+         "Google Benchmark, pkg-config and (for the plots) matplotlib yourself." >&2
     exit 0
 fi
 

@@ -3,6 +3,10 @@
 
     /usr/bin/python3 bench/scripts/plot_report.py OUT_DIR RESULTS.json [MORE.json ...]
 
+Also writes OUT_DIR/suite.md: the fastest variant at each L (prefill) and context (decode),
+the lengths from which Taylor and static QK beat standard attention, and each decoder
+schedule's throughput relative to the all-standard model.
+
 Benchmark names follow bench/variants_bench.cpp:
 
     <variant>/prefill/L:<L>/D:<D>/H:<H>/threads:<t>     prefill of L tokens
@@ -94,6 +98,69 @@ def line_plot(series, xlabel, ylabel, title, path, label):
     return True
 
 
+def fmt_ms(x):
+    return "%.3g" % x if x is not None else "-"
+
+
+def table(head, rows):
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def summary(runs, label):
+    """Markdown: fastest variant per shape, crossovers, schedule costs (1 thread)."""
+    kinds = {"prefill": ("L", "L"), "decode": ("ctx", "context")}
+    text = []
+    for kind, (field, title) in kinds.items():
+        grid = defaultdict(dict)  # size -> variant -> ms
+        for name, (ms, _) in runs.items():
+            parts, f = parse(name)
+            if len(parts) > 1 and parts[1] == kind and f.get("threads") == "1" and field in f:
+                grid[int(f[field])][parts[0]] = ms
+        if not grid:
+            continue
+        variants = sorted({v for row in grid.values() for v in row})
+        rows = []
+        for size in sorted(grid):
+            row = grid[size]
+            best = min(row, key=row.get)
+            rows.append([str(size)] + [fmt_ms(row.get(v)) for v in variants] + [best])
+        text.append("### %s, 1 thread: time in ms (fastest last)\n\n" % kind.capitalize())
+        text.append(table([title] + variants + ["fastest"], rows) + "\n")
+        for var in ("taylor", "static_qk", "self_gating", "mta"):
+            wins = [size for size in sorted(grid) if var in grid[size] and "softmax" in grid[size]
+                    and grid[size][var] < grid[size]["softmax"]]
+            if any(var in grid[s] for s in grid):
+                where = ("from %s = %d on" % (title, wins[0])) if wins else "at no measured %s" % title
+                text.append("- %s is faster than softmax %s.\n" % (var, where))
+        text.append("\n")
+    # Decoder schedules relative to the all-standard model.
+    dec = defaultdict(dict)
+    for name, (ms, counters) in runs.items():
+        parts, f = parse(name)
+        if parts[0] == "decoder" and len(parts) >= 4:
+            tps = counters.get("tokens/s")
+            if tps:
+                dec[(parts[1], parts[2])][parts[3]] = tps
+    base = dec.get(("uniform", "standard"))
+    if dec and base:
+        rows = []
+        for (sched, var), ph in sorted(dec.items()):
+            cells = [sched, var]
+            for phase in ("prefill", "decode"):
+                v = ph.get(phase)
+                b = base.get(phase)
+                cells.append("%.0f" % v if v else "-")
+                cells.append("%.2fx" % (v / b) if v and b else "-")
+            rows.append(cells)
+        text.append("### Decoder (70M shape), tokens/s and ratio to the all-standard model\n\n")
+        text.append(table(["schedule", "variant", "prefill tok/s", "x standard", "decode tok/s", "x standard"], rows))
+    if not text:
+        return ""
+    return "## Comparison suite\n\n" + ("Machine: " + label + "\n\n" if label else "") + "".join(text)
+
+
 def main(argv):
     if len(argv) < 3:
         print(__doc__.strip())
@@ -122,6 +189,12 @@ def main(argv):
                 schedules["%s %s" % (parts[3], threads)][(parts[1], parts[2])] = tps
 
     written = []
+    md = summary(runs, label)
+    if md:
+        p = os.path.join(out_dir, "suite.md")
+        with open(p, "w") as f:
+            f.write(md)
+        written.append(p)
     p = os.path.join(out_dir, "prefill_time.png")
     if line_plot(prefill, "sequence length L", "time per prefill (ms)", "Prefill time against L", p, label):
         written.append(p)
