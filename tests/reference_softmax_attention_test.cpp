@@ -39,7 +39,7 @@ template <class Q, class K, class V>
 result run(const Q& q, const K& k, const V& v, const softmax_options& o) {
     attention_outputs<double> io = outputs_for<double>(q, v, kSentinel);
     result r{std::move(io.out), std::move(io.lse), {}};
-    ref::softmax_attention(q, k, v, r.out, r.lse, r.w, o);
+    ref::softmax_attention_weights(q, k, v, r.out, r.lse, r.w, o);
     return r;
 }
 
@@ -195,6 +195,43 @@ TEST(reference_softmax_attention, key_lengths_with_causal) {
     expect_row_sees(r, 0, 1, {0, 1});
     expect_row_sees(r, 0, 3, {0, 1});
     expect_row_sees(r, 1, 2, {0, 1, 2});
+}
+
+// window_left is a left bound only: without causal, w = 0 sees itself and every later key.
+TEST(reference_softmax_attention, window_zero_is_only_itself_with_causal_only) {
+    softmax_options o;
+    o.window_left = 0;
+    result r = run_uniform(1, 3, 3, o);
+    expect_row_sees(r, 0, 0, {0, 1, 2});
+    expect_row_sees(r, 0, 1, {1, 2});
+    expect_row_sees(r, 0, 2, {2});
+    o.causal = true;
+    r = run_uniform(1, 3, 3, o);
+    for (index_t i = 0; i < 3; ++i) expect_row_sees(r, 0, i, {i});
+}
+
+// Batched decode with padding: causal positions come from the tensor length Lk, never from
+// key_lengths[b] (which only masks keys). With Lq = 2 and Lk = 6 the queries sit at positions 4
+// and 5 in every item; item 0, of length 3, therefore lets both queries see all of its keys.
+TEST(reference_softmax_attention, causal_positions_come_from_lk_not_key_lengths) {
+    softmax_options o;
+    o.causal = true;
+    o.key_lengths = {3, 6};
+    const result r = run_uniform(2, 2, 6, o);
+    expect_row_sees(r, 0, 0, {0, 1, 2});
+    expect_row_sees(r, 0, 1, {0, 1, 2});
+    expect_row_sees(r, 1, 0, {0, 1, 2, 3, 4});
+    expect_row_sees(r, 1, 1, {0, 1, 2, 3, 4, 5});
+}
+
+// FlashAttention-varlen alignment (queries end at key_lengths[b]) is one call per item over
+// that item's keys, as the README shows: then item 0's queries sit at positions 1 and 2.
+TEST(reference_softmax_attention, varlen_alignment_by_a_call_per_item) {
+    softmax_options o;
+    o.causal = true;
+    const result r = run_uniform(1, 2, 3, o);  // item 0 of the test above, keys cut to length 3
+    expect_row_sees(r, 0, 0, {0, 1});
+    expect_row_sees(r, 0, 1, {0, 1, 2});
 }
 
 TEST(reference_softmax_attention, fully_masked_row_between_visible_rows) {
@@ -568,6 +605,23 @@ TEST(reference_softmax_attention, options_passed_as_non_const_lvalue) {
     EXPECT_TRUE(all_close(out, make_bshd(1, 2, 1, 1, 3.0f), 1e-6, 1e-6));
     ref::softmax_attention(q, k, v, attnkit::view<float, 4>(out), {});
     EXPECT_TRUE(all_close(out, make_bshd(1, 2, 1, 1, 3.0f), 1e-6, 1e-6));
+}
+
+// softmax_attention_weights is the weights-returning oracle, with or without lse; its output
+// equals softmax_attention's.
+TEST(reference_softmax_attention, weights_function_with_and_without_lse) {
+    const random_problem p = make_problem(2, 3, 5, 4, 2, 6, 3, distribution::gaussian, 90);
+    softmax_options o;
+    o.causal = true;
+    const result with_lse = run(p.q, p.k, p.v, o);
+    tensor4<double> out(2, 3, 4, 3), plain(2, 3, 4, 3);
+    weights_t w;
+    ref::softmax_attention_weights(p.q, p.k, p.v, out, w, o);
+    ref::softmax_attention(p.q, p.k, p.v, plain, o);
+    EXPECT_TRUE(all_close(out, with_lse.out, 0.0, 0.0));
+    EXPECT_TRUE(all_close(plain, with_lse.out, 0.0, 0.0));
+    ASSERT_EQ(w.dimensions(), with_lse.w.dimensions());
+    for (index_t i = 0; i < w.size(); ++i) ASSERT_EQ(w.data()[i], with_lse.w.data()[i]);
 }
 
 }  // namespace

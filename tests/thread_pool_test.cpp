@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <ctime>
 #include <mutex>
 #include <random>
@@ -113,6 +114,57 @@ TEST(thread_pool, chunk_boundaries_exact_and_pool_independent) {
   auto noop = [](std::int64_t, std::int64_t) {};
   EXPECT_THROW(pool.parallel_for(0, 10, 0, noop), std::invalid_argument);
   EXPECT_THROW(attnkit::parallel_for(nullptr, 0, 10, -1, noop), std::invalid_argument);
+}
+
+// thread_pool(-1) wraps to SIZE_MAX threads: an invalid_argument naming the count, not a
+// length_error from vector::reserve or an attempt to start billions of threads.
+TEST(thread_pool, absurd_thread_counts_are_rejected) {
+  for (std::size_t n : {static_cast<std::size_t>(-1), static_cast<std::size_t>(-2),
+                        thread_pool::kMaxThreads + 1, std::size_t(1) << 40}) {
+    try {
+      thread_pool pool(n);
+      ADD_FAILURE() << "accepted " << n << " threads";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(n)), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "wrong exception type for " << n << ": " << e.what();
+    }
+  }
+  EXPECT_EQ(thread_pool(thread_pool::kMaxThreads > 64 ? 64 : thread_pool::kMaxThreads).size(),
+            thread_pool::kMaxThreads > 64 ? 64u : thread_pool::kMaxThreads);
+}
+
+// Ranges near the int64 limits: [begin, end) longer than INT64_MAX, chunks ending at INT64_MAX.
+// Computing end - begin or cb + grain in int64 overflows (undefined behaviour, and wrong chunks).
+TEST(thread_pool, ranges_near_int64_limits) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  constexpr std::int64_t kQuarter = std::int64_t(1) << 62;
+  const std::vector<chunk> whole = {{kMin, -kQuarter}, {-kQuarter, 0}, {0, kQuarter}, {kQuarter, kMax}};
+  const std::vector<chunk> top = {{kMax - 5, kMax - 3}, {kMax - 3, kMax - 1}, {kMax - 1, kMax}};
+  const std::vector<chunk> big_grain = {{kMax - 10, kMax}};
+  EXPECT_EQ(record_chunks(nullptr, kMin, kMax, kQuarter), whole);
+  EXPECT_EQ(record_chunks(nullptr, kMax - 5, kMax, 2), top);
+  EXPECT_EQ(record_chunks(nullptr, kMax - 10, kMax, kMax), big_grain);
+  for (std::size_t size : kPoolSizes) {
+    thread_pool pool(size);
+    EXPECT_EQ(record_chunks(&pool, kMin, kMax, kQuarter), whole) << "pool " << size;
+    EXPECT_EQ(record_chunks(&pool, kMax - 5, kMax, 2), top) << "pool " << size;
+    EXPECT_EQ(record_chunks(&pool, kMax - 10, kMax, kMax), big_grain) << "pool " << size;
+  }
+  // More chunks than an int64 can count: rejected, not wrapped.
+  auto noop = [](std::int64_t, std::int64_t) {};
+  EXPECT_THROW(attnkit::parallel_for(nullptr, kMin, kMax, 1, noop), std::invalid_argument);
+  thread_pool pool(2);
+  EXPECT_THROW(pool.parallel_for(kMin, kMax, 1, noop), std::invalid_argument);
+  // The last batches of a job with n near INT64_MAX: a failing task stops the job early; the
+  // batch end (b + batch) must not overflow on the way.
+  std::atomic<std::int64_t> calls{0};
+  EXPECT_THROW(pool.parallel_for(kMax, [&](std::int64_t i) {
+    ++calls;
+    if (i >= 0) throw std::runtime_error("stop");
+  }), std::runtime_error);
+  EXPECT_GE(calls.load(), 1);
 }
 
 TEST(thread_pool, exception_rethrown_after_started_calls_end) {

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -147,22 +149,120 @@ TEST(view, fused_qkv_buffer_as_three_views) {
               gbuf[static_cast<std::size_t>((1 * L + 2) * row + (H + Hk + 1) * D + 4)]);
 }
 
-TEST(view, rank_mismatch_names_the_argument) {
-    Eigen::Tensor<float, 3, Eigen::RowMajor> t3(2, 3, 4);
+// Rank mismatches, const Tensors as outputs, Eigen expressions and column-major tensors are
+// compile errors now, each with one static_assert message: tests/compile_fail/ checks them.
+
+TEST(view, numbers_in_messages_use_the_shortest_form) {
+    using attnkit::detail::number;
+    EXPECT_EQ("1e-40", number(1e-40f));
+    EXPECT_EQ("3e+38", number(3e38f));
+    EXPECT_EQ("0.1", number(0.1f));  // the float's shortest form, not the double's 0.100000001
+    EXPECT_EQ("-0.5", number(-0.5f));
+    EXPECT_EQ("1.5", number(1.5));
+    EXPECT_EQ("nan", number(std::nanf("")));
+    EXPECT_EQ("inf", number(std::numeric_limits<float>::infinity()));
+    EXPECT_EQ("-inf", number(-std::numeric_limits<double>::infinity()));
+    EXPECT_EQ("-7", number(index_t(-7)));
+    EXPECT_EQ("18446744073709551615", number(~std::size_t(0)));
+}
+
+TEST(view, extent_check_rejects_int64_overflow) {
+    using attnkit::detail::check_extent;
+    // The element count wraps: 2^32 * 64 * 2^30 = 2^68.
+    const view<const float, 4> count(nullptr, {index_t(1) << 32, 64, index_t(1) << 30, 1});
+    EXPECT_THROW(check_extent("q", count), std::invalid_argument);
+    // The count fits, the byte offset of the last element does not.
+    std::vector<float> buf(4);
+    const view<const float, 2> reach(buf.data(), {2, 2}, {index_t(1) << 62, 1});
+    EXPECT_THROW(check_extent("k", reach), std::invalid_argument);
+    const view<const float, 2> neg(buf.data(), {2, 2}, {std::numeric_limits<index_t>::min(), 1});
+    EXPECT_THROW(check_extent("k", neg), std::invalid_argument);
+    // Large but representable, and empty views with null data, pass.
+    const view<const float, 2> big(buf.data(), {2, 2}, {index_t(1) << 58, 1});
+    EXPECT_NO_THROW(check_extent("k", big));
+    const view<const float, 4> empty(nullptr, {index_t(1) << 40, 0, index_t(1) << 40, 8});
+    EXPECT_NO_THROW(check_extent("v", empty));
+}
+
+TEST(memory_overlap, dense_disjoint_and_overlapping_views) {
+    using attnkit::detail::region_of;
+    using attnkit::detail::regions_overlap;
+    std::vector<float> buf(100);
+    const view<float, 2> a(buf.data(), {4, 5}), b(buf.data() + 20, {4, 5}), c(buf.data() + 19, {4, 5});
+    EXPECT_FALSE(regions_overlap(region_of("a", a), region_of("b", b)));
+    EXPECT_TRUE(regions_overlap(region_of("a", a), region_of("c", c)));  // one shared element
+    EXPECT_TRUE(regions_overlap(region_of("a", a), region_of("a", a)));
+    // Empty views overlap nothing.
+    const view<float, 2> none(buf.data(), {0, 5});
+    EXPECT_FALSE(regions_overlap(region_of("a", a), region_of("none", none)));
+    // A negative stride covers the same elements as the positive one.
+    const view<float, 2> rev(buf.data() + 15, {4, 5}, {-5, 1});
+    EXPECT_TRUE(regions_overlap(region_of("rev", rev), region_of("a", a)));
+    EXPECT_FALSE(regions_overlap(region_of("rev", rev), region_of("b", b)));
+}
+
+TEST(memory_overlap, interleaved_slots_are_apart_element_by_element) {
+    using attnkit::detail::region_of;
+    using attnkit::detail::regions_overlap;
+    // The q, k, v slots of a fused [B, L, 3, H, D] buffer span nearly the same address range but
+    // never share an element; likewise every other column of a matrix.
+    const index_t B = 3, L = 50, H = 4, D = 8;
+    std::vector<float> buf(static_cast<std::size_t>(B * L * 3 * H * D));
+    const qkv_views<float> f = fused_qkv_views(buf.data(), B, L, H, D);
+    EXPECT_FALSE(regions_overlap(region_of("q", f.q), region_of("k", f.k)));
+    EXPECT_FALSE(regions_overlap(region_of("k", f.v), region_of("v", f.k)));
+    const view<float, 4> q_and_k(buf.data(), {B, L, 2 * H, D}, f.q.strides);  // q and k slots together
+    EXPECT_TRUE(regions_overlap(region_of("qk", q_and_k), region_of("k", f.k)));
+    EXPECT_FALSE(regions_overlap(region_of("qk", q_and_k), region_of("v", f.v)));
+    const view<float, 2> even(buf.data(), {10, 1}, {2, 1}), odd(buf.data() + 1, {10, 1}, {2, 1});
+    EXPECT_FALSE(regions_overlap(region_of("even", even), region_of("odd", odd)));
+    const view<float, 2> odd_pairs(buf.data() + 1, {9, 2}, {2, 1});  // [1,2], [3,4], ...
+    EXPECT_TRUE(regions_overlap(region_of("even", even), region_of("pairs", odd_pairs)));
+    // A [B, H, L] lse layout beside a [B, L, H] one over distinct halves of a buffer.
+    const view<float, 3> bhl(buf.data(), {2, 7, 3}, {21, 1, 7}), blh(buf.data() + 42, {2, 7, 3});
+    EXPECT_FALSE(regions_overlap(region_of("bhl", bhl), region_of("blh", blh)));
+}
+
+TEST(memory_overlap, self_overlap_and_in_place_rules) {
+    using attnkit::detail::check_outputs_apart;
+    using attnkit::detail::in_place;
+    using attnkit::detail::region_of;
+    std::vector<float> buf(64), other(64);
+    const view<float, 2> out(buf.data(), {4, 4}), in(other.data(), {4, 4});
+    EXPECT_NO_THROW(check_outputs_apart({region_of("out", out)}, {region_of("in", in)}));
+    // Zero stride, or rows closer than their length: elements coincide.
+    const view<float, 2> zero(buf.data(), {4, 4}, {0, 1}), tight(buf.data(), {4, 4}, {3, 1});
+    EXPECT_THROW(check_outputs_apart({region_of("out", zero)}, {}), std::invalid_argument);
+    EXPECT_THROW(check_outputs_apart({region_of("out", tight)}, {}), std::invalid_argument);
+    // Zero strides in an input (a broadcast) are fine.
+    const view<float, 2> bcast(other.data(), {4, 4}, {0, 1});
+    EXPECT_NO_THROW(check_outputs_apart({region_of("out", out)}, {region_of("in", bcast)}));
+    // The same view in place only with a shared in_place bit; a shifted view never.
+    EXPECT_THROW(check_outputs_apart({region_of("out", out)}, {region_of("q", out)}), std::invalid_argument);
+    EXPECT_NO_THROW(check_outputs_apart({in_place(region_of("out", out), 1)}, {in_place(region_of("q", out), 1)}));
+    EXPECT_THROW(check_outputs_apart({in_place(region_of("out", out), 1)}, {in_place(region_of("q", out), 2)}),
+                 std::invalid_argument);
+    const view<float, 2> shifted(buf.data() + 1, {4, 4});
+    EXPECT_THROW(check_outputs_apart({in_place(region_of("out", out), 1)}, {in_place(region_of("q", shifted), 1)}),
+                 std::invalid_argument);
+    // Two outputs over each other; the message names both.
+    const view<float, 1> lse(buf.data() + 5, {3});
     try {
-        (void)attnkit::detail::input_view<4>("q", t3, "[B, Lq, H, D]");
+        check_outputs_apart({region_of("out", out), region_of("lse", lse)}, {});
         FAIL() << "no exception";
     } catch (const std::invalid_argument& e) {
         const std::string what = e.what();
-        EXPECT_NE(what.find("q"), std::string::npos) << what;
-        EXPECT_NE(what.find("rank 4"), std::string::npos) << what;
-        EXPECT_NE(what.find("rank 3"), std::string::npos) << what;
-        EXPECT_NE(what.find("[B, Lq, H, D]"), std::string::npos) << what;
-        EXPECT_NE(what.find("[2, 3, 4]"), std::string::npos) << what;  // the actual shape
+        EXPECT_NE(what.find("out [4, 4] and lse [3] overlap"), std::string::npos) << what;
     }
-    tensor4<float> t4(1, 1, 1, 1);
-    EXPECT_THROW((void)attnkit::detail::output_view<3>("lse", t4, "[B, Lq, H]"),
-                 std::invalid_argument);
+}
+
+TEST(memory_overlap, large_fused_buffer_is_checked_quickly_and_exactly) {
+    // 8 x 4096 rows of interleaved slots: the check splits only where ranges meet.
+    const index_t B = 8, L = 4096, H = 2, D = 4;
+    std::vector<float> buf(static_cast<std::size_t>(B * L * 3 * H * D));
+    const qkv_views<float> f = fused_qkv_views(buf.data(), B, L, H, D);
+    EXPECT_FALSE(attnkit::detail::regions_overlap(attnkit::detail::region_of("q", f.q),
+                                                  attnkit::detail::region_of("v", f.v)));
 }
 
 TEST(view, shape_string_and_layout_check) {

@@ -21,10 +21,11 @@ namespace detail {
 template <class X>
 constexpr bool kIsTensorArg = tensor_traits<std::decay_t<X>>::kIsTensorish;
 
-template <class A, class T>
-void softmax_attention_impl(const view<const T, 4>& q, const view<const T, 4>& k, const view<const T, 4>& v,
+template <class A, class TQ, class TK, class TV>
+void softmax_attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
                             const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
-    static_assert(std::is_same<T, float>::value, "attnkit::softmax_attention: float storage for now");
+    static_assert(std::is_same<TQ, float>::value && std::is_same<TK, float>::value && std::is_same<TV, float>::value,
+                  "attnkit::softmax_attention: q, k and v must be float tensors (out and lse float)");
     const attention_shape s = check_qkv(q, k, v);
     // Mask bounds are compared to key indices in float lanes, exact below 2^24.
     if (s.len_k >= (index_t(1) << 24))
@@ -33,6 +34,7 @@ void softmax_attention_impl(const view<const T, 4>& q, const view<const T, 4>& k
     check_out("out", out, s);
     if (lse) check_lse("lse", *lse, s);
     check_options(opts, s);
+    check_attention_memory(q, k, v, out, lse);
 
     forward_outputs fo;
     fo.out = out;
@@ -49,7 +51,8 @@ void softmax_attention(const Q& q, const K& k, const V& v, O&& out, const softma
                                                        detail::out_view(out), nullptr, opts);
 }
 
-template <class Q, class K, class V, class O, class L, std::enable_if_t<detail::kIsTensorArg<L>, int> = 0>
+template <class Q, class K, class V, class O, class L,
+          std::enable_if_t<detail::kIsLseArg<L, softmax_options>, int> = 0>
 void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse, const softmax_options& opts = {}) {
     const auto lse_v = detail::lse_view(lse);
     detail::softmax_attention_impl<simd::default_arch>(detail::q_view(q), detail::k_view(k), detail::v_view(v),
@@ -57,8 +60,10 @@ void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse, con
 }
 
 // Exact merge of two attention results over disjoint key sets (split-KV decode, ring attention):
-// lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b.
-// out and lse may alias out_a/lse_a or out_b/lse_b.
+// lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b, with
+// weights that sum to 1 at any lse (detail/lse_merge.hpp). All float; lse views take any strides.
+// out may be the very same view as out_a or out_b, and lse as lse_a or lse_b (in place); any
+// other sharing of memory between an output and an argument is rejected.
 template <class OA, class LA, class OB, class LB, class O, class L>
 void merge_partials(const OA& out_a, const LA& lse_a, const OB& out_b, const LB& lse_b, O&& out, L&& lse) {
     const auto oa = detail::input_view<4>("out_a", out_a, "[B, Lq, H, Dv]");
@@ -67,7 +72,13 @@ void merge_partials(const OA& out_a, const LA& lse_a, const OB& out_b, const LB&
     const auto lb = detail::input_view<3>("lse_b", lse_b, "[B, Lq, H]");
     const auto o = detail::out_view(out);
     const auto l = detail::lse_view(lse);
-    static_assert(std::is_same<typename decltype(o)::value_type, float>::value, "merge_partials: float outputs");
+    static_assert(std::is_same<typename decltype(o)::value_type, float>::value &&
+                      std::is_same<typename decltype(l)::value_type, float>::value &&
+                      std::is_same<typename decltype(oa)::value_type, float>::value &&
+                      std::is_same<typename decltype(ob)::value_type, float>::value &&
+                      std::is_same<typename decltype(la)::value_type, float>::value &&
+                      std::is_same<typename decltype(lb)::value_type, float>::value,
+                  "attnkit::merge_partials: every argument must be a float tensor");
     detail::attention_shape s{oa.dims[0], oa.dims[1], 0, oa.dims[2], oa.dims[2], 1, oa.dims[3]};
     detail::check_out("out_a", oa, s);
     detail::check_out("out_b", ob, s);
@@ -75,6 +86,14 @@ void merge_partials(const OA& out_a, const LA& lse_a, const OB& out_b, const LB&
     detail::check_lse("lse_a", la, s);
     detail::check_lse("lse_b", lb, s);
     detail::check_lse("lse", l, s);
+    {
+        using detail::in_place;
+        using detail::region_of;
+        constexpr unsigned kOut = 1, kLse = 2;  // row by row: each row is read before it is written
+        detail::check_outputs_apart({in_place(region_of("out", o), kOut), in_place(region_of("lse", l), kLse)},
+                                    {in_place(region_of("out_a", oa), kOut), in_place(region_of("out_b", ob), kOut),
+                                     in_place(region_of("lse_a", la), kLse), in_place(region_of("lse_b", lb), kLse)});
+    }
     std::vector<float> row(static_cast<std::size_t>(s.dim_v));
     for (index_t b = 0; b < s.batch; ++b)
         for (index_t i = 0; i < s.len_q; ++i)

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -20,26 +21,51 @@ namespace attnkit {
 namespace detail {
 
 // Shared by the pool and the inline path so that both reject the same arguments and split
-// [begin, end) into the same chunks whatever runs them.
+// [begin, end) into the same chunks whatever runs them. Any int64 range works, including
+// [INT64_MIN, INT64_MAX): lengths and chunk starts are computed in uint64 (exact, since
+// end - begin < 2^64), never as int64 sums that could overflow.
 inline std::int64_t chunk_count(std::int64_t begin, std::int64_t end, std::int64_t grain) {
   if (end <= begin) return 0;
   if (grain <= 0)
     throw std::invalid_argument("attnkit::parallel_for: grain must be > 0, got " +
                                 std::to_string(grain));
-  return (end - begin - 1) / grain + 1;  // ceil without overflowing end - begin + grain
+  const std::uint64_t len = static_cast<std::uint64_t>(end) - static_cast<std::uint64_t>(begin);
+  const std::uint64_t chunks = (len - 1) / static_cast<std::uint64_t>(grain) + 1;
+  if (chunks > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    throw std::invalid_argument("attnkit::parallel_for: [" + std::to_string(begin) + ", " +
+                                std::to_string(end) + ") in chunks of " + std::to_string(grain) +
+                                " has more than INT64_MAX chunks");
+  return static_cast<std::int64_t>(chunks);
 }
 
 template <class F>
 void call_chunk(F& fn, std::int64_t c, std::int64_t begin, std::int64_t end, std::int64_t grain) {
-  const std::int64_t cb = begin + c * grain;
-  fn(cb, end - cb > grain ? cb + grain : end);  // avoids overflow of cb + grain near INT64_MAX
+  // cb = begin + c * grain < end, in uint64 and back (two's complement, exact in range).
+  const std::uint64_t off = static_cast<std::uint64_t>(c) * static_cast<std::uint64_t>(grain);
+  const std::uint64_t left = static_cast<std::uint64_t>(end) - static_cast<std::uint64_t>(begin) - off;
+  const std::int64_t cb = static_cast<std::int64_t>(static_cast<std::uint64_t>(begin) + off);
+  fn(cb, left > static_cast<std::uint64_t>(grain)
+             ? static_cast<std::int64_t>(static_cast<std::uint64_t>(cb) + static_cast<std::uint64_t>(grain))
+             : end);
 }
 
 }  // namespace detail
 
+// thread_pool pool(n): n threads in all, the caller's included (n - 1 workers; the calling
+// thread always works on its own parallel_for). n = 0 means std::thread::hardware_concurrency()
+// (1 if unknown). n above kMaxThreads is rejected with std::invalid_argument: the count is a
+// size_t, so thread_pool(-1) arrives as SIZE_MAX and is a mistake, not a request.
 class thread_pool {
  public:
+  static constexpr std::size_t kMaxThreads = 4096;
+
   explicit thread_pool(std::size_t n_threads) {
+    if (n_threads > kMaxThreads)
+      throw std::invalid_argument(
+          "attnkit::thread_pool: expected 0 (hardware concurrency) to " + std::to_string(kMaxThreads) +
+          " threads, got " + std::to_string(n_threads) +
+          (n_threads > (std::numeric_limits<std::size_t>::max() >> 1) ? " (a negative count converted to size_t?)"
+                                                                       : ""));
     if (n_threads == 0) n_threads = std::max(1u, std::thread::hardware_concurrency());
     size_ = n_threads;
     try {
@@ -85,17 +111,18 @@ class thread_pool {
     job(std::int64_t n_, std::int64_t batch_, void (*run_)(void*, std::int64_t, std::int64_t,
                                                            const std::atomic<bool>&),
         void* ctx_)
-        : n(n_), batch(batch_), run(run_), ctx(ctx_) {}
-    const std::int64_t n, batch;
+        : n(n_), batch(batch_), batches((n_ - 1) / batch_ + 1), run(run_), ctx(ctx_) {}
+    // Work is handed out by batch index, so no counter ever runs past n (n may be INT64_MAX).
+    const std::int64_t n, batch, batches;
     void (*const run)(void*, std::int64_t, std::int64_t, const std::atomic<bool>&);
     void* const ctx;
-    std::atomic<std::int64_t> next{0};
+    std::atomic<std::int64_t> next{0};  // next batch index
     std::atomic<bool> failed{false};
     int active = 0;
     std::exception_ptr error;
     std::condition_variable done;
     bool exhausted() const { return failed.load(std::memory_order_relaxed) ||
-                                    next.load(std::memory_order_relaxed) >= n; }
+                                    next.load(std::memory_order_relaxed) >= batches; }
   };
 
   template <class Fn>
@@ -107,10 +134,11 @@ class thread_pool {
 
   void work(job& j) {
     for (;;) {
-      const std::int64_t b = j.next.fetch_add(j.batch, std::memory_order_relaxed);
-      if (b >= j.n || j.failed.load(std::memory_order_relaxed)) return;
+      const std::int64_t k = j.next.fetch_add(1, std::memory_order_relaxed);
+      if (k >= j.batches || j.failed.load(std::memory_order_relaxed)) return;
+      const std::int64_t b = k * j.batch;  // < n
       try {
-        j.run(j.ctx, b, std::min(j.n, b + j.batch), j.failed);
+        j.run(j.ctx, b, b + std::min(j.n - b, j.batch), j.failed);
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu_);
         if (!j.error) j.error = std::current_exception();
@@ -125,9 +153,8 @@ class thread_pool {
     {
       std::lock_guard<std::mutex> lk(mu_);
       queue_.push_back(&j);
-      const std::int64_t batches = (j.n + j.batch - 1) / j.batch;
       helpers = static_cast<std::size_t>(std::min<std::int64_t>(
-          batches - 1, static_cast<std::int64_t>(workers_.size())));
+          j.batches - 1, static_cast<std::int64_t>(workers_.size())));
     }
     // Wake only as many workers as there are spare batches; the rest keep sleeping.
     if (helpers == workers_.size()) wake_.notify_all();

@@ -108,17 +108,35 @@ std::string shape_string(const view<T, N>& v) {
     }
     return s + "]";
 }
+template <class T, int N>
+std::string strides_string(const view<T, N>& v) {
+    std::string s = "[";
+    for (int i = 0; i < N; ++i) {
+        if (i) s += ", ";
+        s += std::to_string(v.strides[i]);
+    }
+    return s + "]";
+}
 
 namespace detail {
 
+// What the entry points accept: attnkit::view, and row-major Eigen::Tensor and Eigen::TensorMap
+// (also of const and of const Tensor). Anything else (Eigen expressions such as q * 2 or
+// .chip(), TensorRef, TensorFixedSize, ...) stops at one static_assert in input_view or
+// output_view; the defaults here only keep the compiler from piling further errors on top.
 template <class X>
 struct tensor_traits {
     static constexpr bool kIsTensorish = false;
+    static constexpr bool kRowMajor = true;
+    static constexpr bool kOwning = false;
+    static constexpr int kRank = -1;
+    using element = float;
 };
 template <class T, int N>
 struct tensor_traits<view<T, N>> {
     static constexpr bool kIsTensorish = true;
     static constexpr bool kRowMajor = true;
+    static constexpr bool kOwning = false;
     static constexpr int kRank = N;
     using element = T;
 };
@@ -126,6 +144,7 @@ template <class S, int N, int O, class I>
 struct tensor_traits<Eigen::Tensor<S, N, O, I>> {
     static constexpr bool kIsTensorish = true;
     static constexpr bool kRowMajor = (O & Eigen::RowMajor) != 0;
+    static constexpr bool kOwning = true;  // a const Tensor is const data
     static constexpr int kRank = N;
     using element = S;
 };
@@ -133,6 +152,7 @@ template <class S, int N, int O, class I, int MO, template <class> class MP>
 struct tensor_traits<Eigen::TensorMap<Eigen::Tensor<S, N, O, I>, MO, MP>> {
     static constexpr bool kIsTensorish = true;
     static constexpr bool kRowMajor = (O & Eigen::RowMajor) != 0;
+    static constexpr bool kOwning = false;  // a const map still maps mutable data
     static constexpr int kRank = N;
     using element = S;
 };
@@ -141,6 +161,7 @@ template <class S, int N, int O, class I, int MO, template <class> class MP>
 struct tensor_traits<Eigen::TensorMap<const Eigen::Tensor<S, N, O, I>, MO, MP>> {
     static constexpr bool kIsTensorish = true;
     static constexpr bool kRowMajor = (O & Eigen::RowMajor) != 0;
+    static constexpr bool kOwning = false;
     static constexpr int kRank = N;
     using element = const S;
 };
@@ -156,6 +177,8 @@ auto dims_of(const X& x) {
 template <class X>
 using scalar_of = std::remove_const_t<typename tensor_traits<std::decay_t<X>>::element>;
 
+// For entry points that accept several ranks (gated_mlp: [N, d] or [B, L, d]) and so check the
+// rank at run time; fixed-rank arguments go through input_view / output_view below instead.
 template <class X>
 [[noreturn]] void throw_rank(const char* name, int expected, const X& x, const char* layout) {
     constexpr int actual = tensor_traits<std::decay_t<X>>::kRank;
@@ -168,42 +191,59 @@ template <class X>
                                 " " + layout + ", got rank " + std::to_string(actual) + " " + shape + "]");
 }
 
-// Public entry points are templates over views, Tensors and TensorMaps alike. The rank is
-// checked here at run time (not by overload resolution) so that a rank mistake gives a message
-// naming the argument instead of a page of template errors.
+// The messages of the compile-time argument checks (one per kind of mistake).
+#define ATTNKIT_NOT_A_TENSOR_MESSAGE                                                                   \
+    "attnkit takes attnkit::view, a row-major Eigen::Tensor or an Eigen::TensorMap as each tensor "    \
+    "argument; an Eigen expression (operators, .chip(), .slice(), ...), TensorRef or TensorFixedSize " \
+    "must be evaluated into an Eigen::Tensor first, or its memory wrapped in an attnkit::view"
+
+// Public entry points are templates over views, Tensors and TensorMaps alike; these convert an
+// argument once, and every mistake a type shows stops here at compile time with one message:
+// not a tensor, column-major, wrong rank, or (outputs) read-only. The rank mistake names the
+// expected layout through N; the compiler's instantiation trace names the argument.
 template <int N, class X>
 view<const scalar_of<X>, N> input_view(const char* name, const X& x, const char* layout) {
     using traits = tensor_traits<std::decay_t<X>>;
-    static_assert(traits::kIsTensorish, "attnkit takes attnkit::view, Eigen::Tensor or Eigen::TensorMap");
-    static_assert(traits::kRowMajor, "attnkit needs Eigen::RowMajor tensors (or an explicit attnkit::view)");
-    if constexpr (traits::kRank != N) {
-        throw_rank(name, N, x, layout);
+    using S = scalar_of<X>;
+    static_assert(traits::kIsTensorish, ATTNKIT_NOT_A_TENSOR_MESSAGE);
+    static_assert(!traits::kIsTensorish || traits::kRowMajor,
+                  "attnkit needs Eigen::RowMajor tensors (or an explicit attnkit::view with strides)");
+    static_assert(!traits::kIsTensorish || traits::kRank == N,
+                  "attnkit: a tensor argument has the wrong rank (q, k, v, out: rank 4 [B, L, H, D]; "
+                  "lse: rank 3 [B, Lq, H]; see the instantiation trace for the argument)");
+    (void)name, (void)layout;
+    if constexpr (!traits::kIsTensorish || traits::kRank != N) {
+        return {};
+    } else if constexpr (std::is_same<std::decay_t<X>, view<const S, N>>::value ||
+                         std::is_same<std::decay_t<X>, view<S, N>>::value) {
+        return view<const S, N>(x);
     } else {
-        using S = scalar_of<X>;
-        if constexpr (std::is_same<std::decay_t<X>, view<const S, N>>::value ||
-                      std::is_same<std::decay_t<X>, view<S, N>>::value) {
-            return view<const S, N>(x);
-        } else {
-            return view<const S, N>(x.data(), dims_of(x));
-        }
+        return view<const S, N>(x.data(), dims_of(x));
     }
 }
 
 template <int N, class X>
 view<scalar_of<X>, N> output_view(const char* name, X&& x, const char* layout) {
     using traits = tensor_traits<std::decay_t<X>>;
-    static_assert(traits::kIsTensorish, "attnkit takes attnkit::view, Eigen::Tensor or Eigen::TensorMap");
-    static_assert(traits::kRowMajor, "attnkit needs Eigen::RowMajor tensors (or an explicit attnkit::view)");
-    static_assert(!std::is_const<typename traits::element>::value, "an output must have a mutable element type");
-    if constexpr (traits::kRank != N) {
-        throw_rank(name, N, x, layout);
+    using S = scalar_of<X>;
+    static_assert(traits::kIsTensorish, ATTNKIT_NOT_A_TENSOR_MESSAGE);
+    static_assert(!traits::kIsTensorish || traits::kRowMajor,
+                  "attnkit needs Eigen::RowMajor tensors (or an explicit attnkit::view with strides)");
+    static_assert(!traits::kIsTensorish || traits::kRank == N,
+                  "attnkit: a tensor argument has the wrong rank (q, k, v, out: rank 4 [B, L, H, D]; "
+                  "lse: rank 3 [B, Lq, H]; see the instantiation trace for the argument)");
+    static_assert(!std::is_const<typename traits::element>::value,
+                  "attnkit: an output (out, lse) must have a mutable element type, not a view or map of const");
+    static_assert(!(traits::kOwning && std::is_const<std::remove_reference_t<X>>::value),
+                  "attnkit: an output (out, lse) cannot be a const Eigen::Tensor: it would be written through "
+                  "const; pass it non-const");
+    (void)name, (void)layout;
+    if constexpr (!traits::kIsTensorish || traits::kRank != N) {
+        return {};
+    } else if constexpr (std::is_same<std::decay_t<X>, view<S, N>>::value) {
+        return x;
     } else {
-        using S = scalar_of<X>;
-        if constexpr (std::is_same<std::decay_t<X>, view<S, N>>::value) {
-            return x;
-        } else {
-            return view<S, N>(const_cast<S*>(x.data()), dims_of(x));
-        }
+        return view<S, N>(const_cast<S*>(x.data()), dims_of(x));  // TensorMap::data() is const-qualified
     }
 }
 

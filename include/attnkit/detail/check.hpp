@@ -4,11 +4,21 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
+#if defined(__has_include)
+#if __has_include(<charconv>)
+#include <charconv>
+#endif
+#endif
 
+#include "attnkit/detail/memory_overlap.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/view.hpp"
 
@@ -17,16 +27,70 @@ namespace detail {
 
 [[noreturn]] inline void fail(const std::string& what) { throw std::invalid_argument("attnkit: " + what); }
 
+// Numbers in error messages. Floats print in their shortest round-trip form, %g style
+// ("1e-40", "3e+38", "-0.5", "nan", "inf"): std::to_string's fixed 6 decimals turned 1e-40 into
+// "0.000000" and 3e38 into a 39-digit integer. Integers print as they are.
+template <class X, std::enable_if_t<std::is_floating_point<X>::value, int> = 0>
+std::string number(X x) {
+    if (std::isnan(x)) return "nan";
+    if (std::isinf(x)) return x < 0 ? "-inf" : "inf";
+    char buf[64];
+#if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
+    const auto r = std::to_chars(buf, buf + sizeof buf, x);  // shortest form that reads back as x
+    return std::string(buf, r.ptr);
+#else
+    std::snprintf(buf, sizeof buf, "%.*g", std::numeric_limits<X>::max_digits10, static_cast<double>(x));
+    return buf;
+#endif
+}
+template <class X, std::enable_if_t<std::is_integral<X>::value, int> = 0>
+std::string number(X x) {
+    return std::to_string(x);
+}
+
+// a * b for sizes and offsets >= 0, false when it does not fit in int64.
+inline bool mul_fits(index_t a, index_t b, index_t& r) {
+    if (a != 0 && b > std::numeric_limits<index_t>::max() / a) return false;
+    r = a * b;
+    return true;
+}
+
+// Dims >= 0, element count and every element's byte offset representable in int64, data
+// non-null when there is an element. Strides are free, including 0 and negative (checks on
+// outputs reject self-overlap separately); the byte offsets are what memory checks rely on.
+template <class T, int N>
+void check_extent(const char* name, const view<T, N>& v) {
+    for (int i = 0; i < N; ++i)
+        if (v.dims[i] < 0) fail(std::string(name) + ": negative dimension in shape " + shape_string(v));
+    index_t count = 1, reach = 0;  // reach: largest |element offset|, in elements
+    bool ok = true;
+    for (int i = 0; i < N && ok; ++i) {
+        ok = mul_fits(count, v.dims[i], count);
+        if (v.dims[i] > 0 && v.strides[i] != std::numeric_limits<index_t>::min()) {
+            index_t step = 0;
+            const index_t st = v.strides[i] < 0 ? -v.strides[i] : v.strides[i];
+            ok = ok && mul_fits(v.dims[i] - 1, st, step) && step <= std::numeric_limits<index_t>::max() - reach;
+            reach += ok ? step : 0;
+        } else if (v.dims[i] > 0) {
+            ok = false;
+        }
+    }
+    index_t bytes = 0;
+    if (ok && count > 0) ok = mul_fits(reach + 1, static_cast<index_t>(sizeof(T)), bytes);
+    if (!ok)
+        fail(std::string(name) + ": shape " + shape_string(v) + " with strides " + strides_string(v) +
+             " overflows int64 (element count or byte offsets)");
+    if (v.data == nullptr && count > 0) fail(std::string(name) + ": null data for shape " + shape_string(v));
+}
+
 // Kernels stream rows, so the innermost dimension must be contiguous; other strides are free
 // (that is what lets [B,H,L,D] and fused QKV buffers through without copies).
 template <class T, int N>
 void check_layout(const char* name, const view<T, N>& v) {
-    if (v.strides[N - 1] != 1)
+    if (v.strides[N - 1] != 1 && v.dims[N - 1] > 1)
         fail(std::string(name) + ": the last dimension must be contiguous (stride 1), got stride " +
-             std::to_string(v.strides[N - 1]) + " for shape " + shape_string(v));
-    for (int i = 0; i < N; ++i)
-        if (v.dims[i] < 0) fail(std::string(name) + ": negative dimension in shape " + shape_string(v));
-    if (v.data == nullptr && v.size() > 0) fail(std::string(name) + ": null data for shape " + shape_string(v));
+             number(v.strides[N - 1]) + " for shape " + shape_string(v));
+    check_extent(name, v);
 }
 
 template <class T, int N>
@@ -34,7 +98,7 @@ void check_shape(const char* name, const view<T, N>& v, const std::array<index_t
                  const char* layout) {
     if (v.dims != expected) {
         std::string e = "[";
-        for (int i = 0; i < N; ++i) e += (i ? ", " : "") + std::to_string(expected[i]);
+        for (int i = 0; i < N; ++i) e += (i ? ", " : "") + number(expected[i]);
         fail(std::string(name) + ": expected shape " + layout + " = " + e + "], got " + shape_string(v));
     }
 }
@@ -57,8 +121,8 @@ attention_shape check_qkv(const view<TQ, 4>& q, const view<TK, 4>& k, const view
     check_shape("k", k, {s.batch, s.len_k, s.heads_k, s.dim}, "[B, Lk, Hk, D]");
     check_shape("v", v, {s.batch, s.len_k, s.heads_k, s.dim_v}, "[B, Lk, Hk, Dv]");
     if (s.heads % s.heads_k != 0)
-        fail("k: query heads H = " + std::to_string(s.heads) + " must be a multiple of key heads Hk = " +
-             std::to_string(s.heads_k) + " (q " + shape_string(q) + ", k " + shape_string(k) + ")");
+        fail("k: query heads H = " + number(s.heads) + " must be a multiple of key heads Hk = " +
+             number(s.heads_k) + " (q " + shape_string(q) + ", k " + shape_string(k) + ")");
     return s;
 }
 
@@ -68,10 +132,25 @@ void check_out(const char* name, const view<TO, 4>& out, const attention_shape& 
     check_shape(name, out, {s.batch, s.len_q, s.heads, s.dim_v}, "[B, Lq, H, Dv]");
 }
 
+// lse is read and written element by element, so it takes any strides: FlashAttention's
+// [B, H, Lq] buffer is a view with strides {H * Lq, 1, Lq}.
 template <class TL>
 void check_lse(const char* name, const view<TL, 3>& lse, const attention_shape& s) {
-    check_layout(name, lse);
+    check_extent(name, lse);
     check_shape(name, lse, {s.batch, s.len_q, s.heads}, "[B, Lq, H]");
+}
+
+// Outputs of an attention call must not overlap the inputs or each other (memory_overlap.hpp);
+// out may be q itself, the same view, in place: every entry point reads a query row before it
+// writes the output row at the same address (the fast kernels pack the queries of a work item
+// before anything of it is written; split-KV writes outputs only after every piece has run).
+// lse may be null.
+template <class TQ, class TK, class TV, class TO, class TL>
+void check_attention_memory(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v,
+                            const view<TO, 4>& out, const view<TL, 3>* lse) {
+    constexpr unsigned kOutIsQ = 1;
+    check_outputs_apart({in_place(region_of("out", out), kOutIsQ), lse ? region_of("lse", *lse) : memory_region{}},
+                        {in_place(region_of("q", q), kOutIsQ), region_of("k", k), region_of("v", v)});
 }
 
 // The arguments of an attention entry point as views, named for error messages. Every entry
@@ -87,42 +166,53 @@ auto out_view(X&& x) { return output_view<4>("out", std::forward<X>(x), "[B, Lq,
 template <class X>
 auto lse_view(X&& x) { return output_view<3>("lse", std::forward<X>(x), "[B, Lq, H]"); }
 
+// Kernels fold scale * log2(e) into the queries, and a soft-cap into softcap * log2(e) and
+// 1 / softcap: those must stay finite.
+constexpr float kLog2eCheck = 1.4426950408889634f;
+
 inline void check_scale(float scale) {
-    // Kernels fold scale * log2(e) into the queries: that product must stay finite.
-    if (!std::isfinite(scale) || scale < 0.0f || !std::isfinite(scale * 1.4426950408889634f))
-        fail("opts.scale: expected 0 (default 1/sqrt(D)) or a finite value > 0 below 2.3e38, got " +
-             std::to_string(scale));
+    if (!std::isfinite(scale) || scale < 0.0f || !std::isfinite(scale * kLog2eCheck))
+        fail("opts.scale: expected 0 (default 1/sqrt(D)) or a finite value > 0 below 2.3e38, got " + number(scale));
+}
+
+inline void check_softcap(float softcap) {
+    if (std::isnan(softcap)) fail("opts.softcap: expected a number (<= 0 is off), got NaN");
+    if (std::isinf(softcap)) fail("opts.softcap: expected a finite value, got " + number(softcap));
+    if (softcap > 0.0f && (!std::isfinite(1.0f / softcap) || !std::isfinite(softcap * kLog2eCheck)))
+        fail("opts.softcap: expected <= 0 (off) or a normal value > 0 below 2.3e38, got " + number(softcap));
 }
 
 inline void check_options(const softmax_options& o, const attention_shape& s) {
     check_scale(o.scale);
     if (o.window_left < -1)
-        fail("opts.window_left: expected -1 (unlimited) or >= 0, got " + std::to_string(o.window_left));
-    if (o.chunk < 0) fail("opts.chunk: expected 0 (off) or > 0, got " + std::to_string(o.chunk));
-    if (std::isnan(o.softcap)) fail("opts.softcap: expected a number (<= 0 is off), got NaN");
-    if (std::isinf(o.softcap)) fail("opts.softcap: expected a finite value, got " + std::to_string(o.softcap));
-    // s / softcap is computed as s * (1 / softcap): a subnormal cap would make that infinite.
-    if (o.softcap > 0.0f && !std::isfinite(1.0f / o.softcap))
-        fail("opts.softcap: expected <= 0 (off) or a normal value > 0, got " + std::to_string(o.softcap));
+        fail("opts.window_left: expected -1 (unlimited) or >= 0, got " + number(o.window_left));
+    if (o.chunk < 0) fail("opts.chunk: expected 0 (off) or > 0, got " + number(o.chunk));
+    check_softcap(o.softcap);
     if (!o.key_lengths.empty()) {
         if (static_cast<index_t>(o.key_lengths.size()) != s.batch)
-            fail("opts.key_lengths: expected one per batch item, B = " + std::to_string(s.batch) + ", got " +
-                 std::to_string(o.key_lengths.size()));
+            fail("opts.key_lengths: expected one per batch item, B = " + number(s.batch) + ", got " +
+                 number(o.key_lengths.size()));
         for (std::size_t b = 0; b < o.key_lengths.size(); ++b)
             if (o.key_lengths[b] < 0 || o.key_lengths[b] > s.len_k)
-                fail("opts.key_lengths[" + std::to_string(b) + "]: expected 0 <= len <= Lk = " +
-                     std::to_string(s.len_k) + ", got " + std::to_string(o.key_lengths[b]));
+                fail("opts.key_lengths[" + number(b) + "]: expected 0 <= len <= Lk = " +
+                     number(s.len_k) + ", got " + number(o.key_lengths[b]));
     }
     if (!o.sinks.empty()) {
         if (static_cast<index_t>(o.sinks.size()) != s.heads)
-            fail("opts.sinks: expected one per query head, H = " + std::to_string(s.heads) + ", got " +
-                 std::to_string(o.sinks.size()));
+            fail("opts.sinks: expected one per query head, H = " + number(s.heads) + ", got " +
+                 number(o.sinks.size()));
         for (std::size_t h = 0; h < o.sinks.size(); ++h)
             if (std::isnan(o.sinks[h]) || o.sinks[h] == HUGE_VALF)
-                fail("opts.sinks[" + std::to_string(h) + "]: expected a finite logit or -inf, got " +
-                     std::to_string(o.sinks[h]));
+                fail("opts.sinks[" + number(h) + "]: expected a finite logit or -inf, got " +
+                     number(o.sinks[h]));
     }
 }
+
+// The optional lse argument of an entry point is anything that is not its options struct, so
+// that a wrong lse type (an Eigen expression, a weights tensor) reaches lse_view's static_assert
+// instead of silently disabling the overload.
+template <class L, class Options>
+constexpr bool kIsLseArg = !std::is_convertible<const std::decay_t<L>&, const Options&>::value;
 
 inline float resolve_scale(float scale, index_t dim) {
     return scale > 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim)));

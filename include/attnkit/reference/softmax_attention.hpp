@@ -1,5 +1,8 @@
 // attnkit::reference::softmax_attention: the naive oracle of standard softmax attention.
 //
+//   reference::softmax_attention(q, k, v, out[, lse], opts);
+//   reference::softmax_attention_weights(q, k, v, out[, lse], weights, opts);  // also [B,H,Lq,Lk]
+//
 // Plain loops, double accumulation, one materialised score row per query; nothing shared with
 // the fast kernels except the views and the validation routines (attnkit/detail/check.hpp).
 // It exists to be obviously right, not fast: tests and benchmarks hold the kernels against it.
@@ -11,7 +14,9 @@
 //   key j is visible to query i iff all of
 //     j < key_lengths[b]                            when key_lengths is set
 //     j <= p                                        when causal, or when chunk > 0 (see below)
-//     j >= p - window_left                          when window_left >= 0 (w = 0: only j = p)
+//     j >= p - window_left                          when window_left >= 0 (a left bound only:
+//                                                   w = 0 sees only j = p together with causal,
+//                                                   every j >= p without it)
 //     c*floor(p/c) <= j < c*floor(p/c) + c          when chunk = c > 0
 //   m_i    = max(max_{j visible} s_ij, sink_h)      sink_h only when opts.sinks is set
 //   Z_i    = sum_{j visible} exp(s_ij - m_i) + exp(sink_h - m_i)
@@ -24,7 +29,7 @@
 //  - Chunked local attention (chunk > 0) is causal within the chunk, as in Llama-4: chunk > 0
 //    implies j <= p whether or not opts.causal is set ("combined with causal" in DESIGN.md).
 //  - The query position p uses the tensor length Lk, not key_lengths[b]; key_lengths is a pure
-//    key mask on top of the other masks.
+//    key mask on top of the other masks (docs/design.md, "key_lengths and causal alignment").
 //  - Sinks are raw logits: they are neither scaled nor soft-capped, and have a zero value.
 //  - The scale actually used is detail::resolve_scale(opts.scale, D) (a float), widened to double.
 //
@@ -82,6 +87,7 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
     attnkit::detail::check_out("out", out, s);
     if (lse) attnkit::detail::check_lse("lse", *lse, s);
     attnkit::detail::check_options(opts, s);
+    attnkit::detail::check_attention_memory(q, k, v, out, lse);
 
     const index_t B = s.batch, Lq = s.len_q, Lk = s.len_k, H = s.heads, D = s.dim, Dv = s.dim_v;
     const index_t group = s.group();
@@ -150,9 +156,12 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
     }
 }
 
+// The lse overload takes anything but the options as its fifth argument, so that a wrong type
+// there stops at lse_view's static_assert (a rank-4 weights tensor: "wrong rank").
 template <class X>
-using enable_if_tensorish =
-    std::enable_if_t<attnkit::detail::tensor_traits<std::decay_t<X>>::kIsTensorish, int>;
+using enable_if_lse = std::enable_if_t<attnkit::detail::kIsLseArg<X, softmax_options>, int>;
+
+using weights_tensor = Eigen::Tensor<double, 4, Eigen::RowMajor>;
 
 }  // namespace softmax_impl
 
@@ -171,7 +180,7 @@ void softmax_attention(const Q& q, const K& k, const V& v, O&& out,
 }
 
 // Also writes lse [B, Lq, H] (natural log-sum-exp of the visible scores, -inf for empty rows).
-template <class Q, class K, class V, class O, class L, softmax_impl::enable_if_tensorish<L> = 0>
+template <class Q, class K, class V, class O, class L, softmax_impl::enable_if_lse<L> = 0>
 void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse,
                        const softmax_options& opts = {}) {
     const auto qv = attnkit::detail::q_view(q);
@@ -182,12 +191,23 @@ void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse,
     softmax_impl::run(qv, kv, vv, ov, &lv, nullptr, opts);
 }
 
-// Also returns the attention weights [B, H, Lq, Lk] (resized here; 0 for masked keys; rows sum
-// to 1, or to less than 1 when a sink takes its share; all 0 for a row with no visible key).
-template <class Q, class K, class V, class O, class L, softmax_impl::enable_if_tensorish<L> = 0>
-void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse,
-                       Eigen::Tensor<double, 4, Eigen::RowMajor>& weights,
-                       const softmax_options& opts = {}) {
+// The same, also returning the attention weights [B, H, Lq, Lk] for tests and diagnostics
+// (resized here; 0 for masked keys; rows sum to 1, or to less than 1 when a sink takes its
+// share; all 0 for a row with no visible key). A function of its own name, so that a weights
+// tensor can never be taken for lse or the other way round.
+template <class Q, class K, class V, class O>
+void softmax_attention_weights(const Q& q, const K& k, const V& v, O&& out, softmax_impl::weights_tensor& weights,
+                               const softmax_options& opts = {}) {
+    const auto qv = attnkit::detail::q_view(q);
+    const auto kv = attnkit::detail::k_view(k);
+    const auto vv = attnkit::detail::v_view(v);
+    const auto ov = attnkit::detail::out_view(std::forward<O>(out));
+    softmax_impl::run(qv, kv, vv, ov, static_cast<const view<float, 3>*>(nullptr), &weights, opts);
+}
+
+template <class Q, class K, class V, class O, class L>
+void softmax_attention_weights(const Q& q, const K& k, const V& v, O&& out, L&& lse,
+                               softmax_impl::weights_tensor& weights, const softmax_options& opts = {}) {
     const auto qv = attnkit::detail::q_view(q);
     const auto kv = attnkit::detail::k_view(k);
     const auto vv = attnkit::detail::v_view(v);
