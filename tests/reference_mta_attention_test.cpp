@@ -194,7 +194,7 @@ struct random_problem {
         tensor3<double> lse(B, L, H);
         attnkit::softmax_options so;
         so.causal = true;
-        attnkit::reference::softmax_attention(q, k, v, o0, lse, p0, so);
+        attnkit::reference::softmax_attention_weights(q, k, v, o0, lse, p0, so);
     }
 };
 
