@@ -13,15 +13,27 @@ namespace attnkit {
 
 class thread_pool;
 
-// Standard softmax attention (softmax_attention.hpp).
+// Standard softmax attention (softmax_attention.hpp; docs/design.md, docs/variants.md section 1).
+//
+// Query i of Lq sits at position p = i + (Lk - Lq), Lk the tensor's key length (bottom-right
+// alignment). Two rules worth stating outright:
+//  - window_left is a left bound only: w = 0 sees only the key at p together with causal, and
+//    every key j >= p without it.
+//  - key_lengths only masks keys (j >= key_lengths[b] is invisible); positions still come from
+//    Lk. So a right-padded item's queries sit at the tensor's end, not at the end of its own
+//    keys as in FlashAttention's varlen API. That is the same thing for plain causal decode
+//    (Lq = 1), not for Lq > 1 or with a window or chunk: for varlen alignment, call once per
+//    item over its own keys (README, "Layout and conventions"). Kept so that every mask decision
+//    depends on shapes only.
 struct softmax_options {
-    float scale = 0.0f;                     // 0: 1/sqrt(D); otherwise finite and > 0
-    bool causal = false;                    // bottom-right aligned (query i at i + Lk - Lq)
-    std::int64_t window_left = -1;          // -1: unlimited; w >= 0: keys j >= p - w
-    std::int64_t chunk = 0;                 // 0: off; c > 0: keys in p's block of c (Llama-4)
-    std::vector<std::int64_t> key_lengths;  // empty: off; else one per batch item, keys j < len
-    float softcap = 0.0f;                   // <= 0: off; else s -> softcap * tanh(s / softcap)
-    std::vector<float> sinks;               // empty: off; else one logit per query head
+    float scale = 0.0f;                     // 0: 1/sqrt(D); otherwise finite, > 0, below ~2.36e38
+    bool causal = false;                    // keys j <= p (bottom-right aligned)
+    std::int64_t window_left = -1;          // -1: unlimited; w >= 0: keys j >= p - w (left bound only)
+    std::int64_t chunk = 0;                 // 0: off; c > 0: keys in p's block of c, causal (Llama-4)
+    std::vector<std::int64_t> key_lengths;  // empty: off; else one per batch item, keys j < len only
+    float softcap = 0.0f;                   // <= 0: off; else normal and below ~2.36e38:
+                                            //   s -> softcap * tanh(s / softcap)
+    std::vector<float> sinks;               // empty: off; else one raw logit per query head
     thread_pool* pool = nullptr;            // null: run on the calling thread
 };
 
