@@ -9,6 +9,7 @@
 #include "attnkit/reference/softmax_attention.hpp"
 #include "attnkit/reference/taylor_attention.hpp"
 #include "attnkit/softmax_attention.hpp"
+#include "attnkit/taylor_attention.hpp"
 #include "attnkit/reference/self_gating_attention.hpp"
 #include "attnkit/self_gating_attention.hpp"
 #include "attnkit/reference/static_qk_attention.hpp"
