@@ -130,3 +130,44 @@ TEST(Decoder, ProfileCountsKernelsAndGemms) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Decoder, AttentionWeightsFeedTheDiagnostics) {
+    for (const char* var : {"standard", "taylor", "self_gating", "fixed_seq_qk", "mta", "mlp"}) {
+        SCOPED_TRACE(var);
+        decoder m(small_config(parse_attention_variant(var), "bilateral"));
+        const auto p = prompt(12);
+        const auto w = m.attention_weights(p);
+        ASSERT_EQ(w.size(), 4u);
+        for (std::size_t l = 0; l < w.size(); ++l) {
+            if (m.layer_kinds()[l] == attention_variant::mlp) {
+                EXPECT_EQ(w[l].size(), 0);
+                continue;
+            }
+            ASSERT_EQ(w[l].dimension(0), 4);
+            ASSERT_EQ(w[l].dimension(1), 12);
+            // Causal: nothing above the diagonal. Softmax-normalised kinds: rows sum to 1.
+            for (index_t h = 0; h < 4; ++h)
+                for (index_t i = 0; i < 12; ++i) {
+                    double sum = 0;
+                    for (index_t j = 0; j < 12; ++j) {
+                        if (j > i) {
+                            EXPECT_EQ(w[l](h, i, j), 0.0);
+                        }
+                        sum += w[l](h, i, j);
+                    }
+                    if (m.layer_kinds()[l] != attention_variant::mta) {
+                        EXPECT_NEAR(sum, 1.0, 1e-5) << l << " " << h << " " << i;
+                    }
+                }
+            const attnkit::attention_diagnostics d = attnkit::diagnose_attention(w[l]);
+            EXPECT_TRUE(std::isfinite(d.mean_entropy));
+            EXPECT_GT(d.mean_local_focus[0], 0.0);
+        }
+        // The capture leaves the model prefilled with the sequence.
+        EXPECT_EQ(m.length(), 12);
+    }
+}
+
+}  // namespace

@@ -92,6 +92,24 @@ class decoder {
         return forward(t);
     }
 
+    // Starts a new sequence like prefill and returns each layer's normalised attention weights
+    // [H, L, L] from its oracle (empty for mlp layers, which mix no tokens), for
+    // attnkit::diagnose_attention. Costs O(L^2) memory per layer: for diagnostics, not serving.
+    std::vector<Eigen::Tensor<double, 3, Eigen::RowMajor>> attention_weights(const std::vector<std::int32_t>& tokens) {
+        check_tokens(tokens, 0);
+        reset();
+        std::vector<Eigen::Tensor<double, 3, Eigen::RowMajor>> w(layers_.size());
+        capture_ = &w;
+        try {
+            forward(tokens);
+        } catch (...) {
+            capture_ = nullptr;
+            throw;
+        }
+        capture_ = nullptr;
+        return w;
+    }
+
    private:
     static bool is_static(attention_variant k) {
         return k == attention_variant::rnd_emb_qk || k == attention_variant::fixed_seq_qk;
@@ -218,6 +236,11 @@ class decoder {
                     rope(k, ro);
                 });
             }
+            if (l.kind == attention_variant::self_gating && !stream)
+                timed(prof_.other, [&] {  // the paper's self-gating query is SiLU(H W_Q)
+                    for (index_t i = 0; i < T * H * D; ++i) q.data[i] = q.data[i] / (1.0f + std::exp(-q.data[i]));
+                });
+            if (capture_ && !stream) (*capture_)[static_cast<std::size_t>(l.index)] = l.reference_weights(c_, q, k, v);
             timed(prof_.kernels, [&] { l.attend(c_, q, k, v, att, pos, stream); });
             project(s.att.data(), T, l.wo, s.a.data());
         }
@@ -242,6 +265,7 @@ class decoder {
     embedding_qk_layout emb_layout_{};
     index_t pos_ = 0;
     decoder_profile prof_;
+    std::vector<Eigen::Tensor<double, 3, Eigen::RowMajor>>* capture_ = nullptr;
 };
 
 }  // namespace model

@@ -146,9 +146,7 @@ struct decoder_layer {
             case attention_variant::taylor:
                 taylor->step(q, k, v, att);
                 break;
-            case attention_variant::self_gating:
-                // The paper's query is SiLU(H W_Q).
-                for (index_t i = 0; i < T * H * D; ++i) q.data[i] = q.data[i] / (1.0f + std::exp(-q.data[i]));
+            case attention_variant::self_gating:  // q is SiLU(Wq . n) here (decoder.hpp)
                 gating->step(q, k, v, att);
                 break;
             case attention_variant::mta:
@@ -169,6 +167,51 @@ struct decoder_layer {
             case attention_variant::mlp:
                 break;  // no attention: the decoder runs the sublayer's MLP instead
         }
+    }
+
+    // The normalised weights [H, T, T] this layer's oracle gives for a whole sequence from
+    // position 0 (q, k, v as attend() gets them): what the diagnostics of Xue et al. read.
+    Eigen::Tensor<double, 3, Eigen::RowMajor> reference_weights(const decoder_config& c, const view<float, 4>& q,
+                                                                const view<float, 4>& k, const view<float, 4>& v) const {
+        const index_t T = q.dims[1], H = c.heads, D = c.head_dim();
+        Eigen::Tensor<double, 4, Eigen::RowMajor> out(1, T, H, D), w4;
+        Eigen::Tensor<double, 3, Eigen::RowMajor> w3;
+        const view<const float, 4> cq = q, ck = k, cv = v;
+        switch (kind) {
+            case attention_variant::standard:
+            case attention_variant::embedding_qk: {
+                softmax_options o;
+                o.causal = true;
+                reference::softmax_attention_weights(cq, ck, cv, out, w4, o);
+                break;
+            }
+            case attention_variant::taylor: {
+                taylor_options o;
+                o.causal = true;
+                reference::taylor_attention(cq, ck, cv, out, w4, o);
+                break;
+            }
+            case attention_variant::self_gating: {
+                self_gating_options o;
+                o.causal = true;
+                reference::self_gating_attention(cq, ck, cv, out, w4, o);
+                break;
+            }
+            case attention_variant::mta:
+                reference::mta_attention(cq, ck, cv, out, w4, mta_opts(c));
+                break;
+            case attention_variant::rnd_emb_qk:
+            case attention_variant::fixed_seq_qk:
+                reference::static_qk_attention(q_fixed, k_fixed, cv, out, w3, static_qk_options{});
+                return w3;
+            case attention_variant::mlp:
+                return w3;  // no token mixing: no weights
+        }
+        w3 = Eigen::Tensor<double, 3, Eigen::RowMajor>(H, T, T);
+        for (index_t h = 0; h < H; ++h)
+            for (index_t i = 0; i < T; ++i)
+                for (index_t j = 0; j < T; ++j) w3(h, i, j) = w4(0, h, i, j);
+        return w3;
     }
 
    private:
