@@ -271,8 +271,8 @@ TEST(SelfGating, LongSequenceStreamedAndMisaligned) {
 TEST(SelfGatingThreads, BitwiseDeterministic) {
     attnkit::thread_pool p2(2), p3(3);
     struct shape { index_t B, L, H, Hk; };
-    // H = 8 runs slices of heads; B = 1 with one key/value head runs the chunk-parallel schedule;
-    // B = 3 sits between the two.
+    // Many heads, one key/value head (the threads share one chain of chunks), several items
+    // with key_lengths (one item empty), and a single chunk.
     for (const shape s : {shape{1, 1000, 8, 8}, shape{1, 777, 4, 1}, shape{3, 301, 2, 2}, shape{1, 5, 1, 1}})
         for (bool causal : {false, true}) {
             const tensor4<float> q = scaled(random_bshd(s.B, s.L, s.H, 24, distribution::outliers, 20), 4.0f);

@@ -12,9 +12,10 @@
 // One pass over q, k, v and out, O(L (D + Dv)) per head, memory-bound: all heads of a position
 // at once (the tensors stream front to back), a running (max, sum, weighted sum) per head that
 // is rescaled only when the max grows (detail/self_gating/scan.hpp), output rows stored once
-// with non-temporal stores when the output is larger than the caches. Threads split items and
-// heads, or the sequence into fixed chunks combined in a fixed order when there are few heads
-// (detail/self_gating/driver.hpp); results are bitwise identical for any thread count.
+// with non-temporal stores when the output is larger than the caches. Threads share the
+// sequence, cut into chunks fixed by the shapes and combined in chunk order in one pass
+// (detail/self_gating/driver.hpp): a single head still uses every thread, and results are
+// bitwise identical for any thread count.
 //
 // Arguments are attnkit::view, row-major Eigen::Tensor or Eigen::TensorMap of float, validated
 // before anything is written.

@@ -12,8 +12,9 @@
 // by ~6e-5, which would become a relative error of every weight; m itself is exact.
 //
 // Every function here is ATTNKIT_NOINLINE: each runs over many rows, and one copy of the
-// machine code means that the sequential and the chunk-parallel schedules (driver.hpp) execute
-// the very same float operations (no mode-dependent FMA contraction), hence bitwise equality.
+// machine code means that every caller in driver.hpp (whichever thread, whichever chunk)
+// executes the very same float operations (no call-site-dependent FMA contraction), which is
+// what makes results bitwise identical for any thread count.
 #pragma once
 
 #include <cmath>
