@@ -15,6 +15,12 @@
 //                (prefill of the state is O(N^2), so decode stops at 8192 / 4096)
 //   mlp          gated_mlp on [L, H*D] with m = gated_mlp_width(H*D): no token mixing, no cache
 //
+//   decoder/<schedule>/<variant>/prefill/threads:1  the decoder template (model/decoder.hpp) at the
+//   decoder/<schedule>/<variant>/decode/threads:1   70M shape (d_model 512, 6 layers, 8 heads):
+//                                                   a 512-token prompt, then decode steps
+//   (every schedule except "even", which is "hybrid", with every variant; the baseline is
+//   decoder/uniform/standard; quick mode keeps uniform, hybrid and middle)
+//
 // Counters: tokens/s (prefill: L / time; decode: 1 / time), state_bytes (what decode keeps at
 // context N: the KV cache, the running state, the map), state_bytes_per_token (state_bytes / N).
 // ATTNKIT_BENCH_QUICK=1: L up to 4096 and contexts up to 4096 (under 3 minutes on 2 cores).
@@ -31,6 +37,7 @@
 #include <unsupported/Eigen/CXX11/Tensor>
 
 #include "attnkit/attnkit.hpp"
+#include "attnkit/model/decoder.hpp"
 #include "attnkit/taylor_attention.hpp"
 #include "common/bench_main.hpp"
 #include "common/machine.hpp"
@@ -269,6 +276,60 @@ void decode(benchmark::State& st, const std::string& variant, index_t ctx, int t
     set_decode_counters(st, ctx, state_bytes);
 }
 
+// ---- the decoder template ------------------------------------------------------------------
+
+constexpr index_t kDecoderPrompt = 512, kDecoderSteps = 64;
+
+void decoder_run(benchmark::State& st, const std::string& schedule, const std::string& variant, bool prefill_phase) {
+    attnkit::model::decoder_config cfg;
+    cfg.schedule = schedule;
+    cfg.variant = attnkit::model::parse_attention_variant(variant);
+    cfg.max_length = kDecoderPrompt + kDecoderSteps;
+    attnkit::model::decoder model(cfg);
+    std::vector<std::int32_t> prompt;
+    for (index_t i = 0; i < kDecoderPrompt; ++i) prompt.push_back(static_cast<std::int32_t>((i * 131 + 7) % cfg.vocab));
+    model.prefill(prompt);
+    model.reset_profile();
+    std::int32_t token = 1;
+    for (auto _ : st) {
+        if (prefill_phase) {
+            benchmark::DoNotOptimize(model.prefill(prompt).data());
+        } else {
+            if (model.length() == cfg.max_length) {  // the cache is full: start again, untimed
+                st.PauseTiming();
+                model.prefill(prompt);
+                st.ResumeTiming();
+            }
+            const std::vector<float> logits = model.decode_step(token);
+            token = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        }
+    }
+    const double tokens = prefill_phase ? static_cast<double>(kDecoderPrompt) : 1.0;
+    st.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
+    const attnkit::model::decoder_profile& p = model.profile();
+    if (p.total() > 0) st.counters["kernel_gemm_frac"] = (p.kernels + p.gemm) / p.total();
+}
+
+void register_decoder(bool quick) {
+    std::vector<std::string> schedules;
+    for (const std::string& s : attnkit::model::hybrid_schedule_names())
+        if (s != "even" && (!quick || s == "uniform" || s == "hybrid" || s == "middle")) schedules.push_back(s);
+    std::vector<std::string> variants;
+    for (const auto& v : attnkit::model::attention_variant_names())
+        if (v.first != "standard") variants.push_back(v.first);
+    auto add = [](const std::string& sched, const std::string& var) {
+        for (bool pf : {true, false}) {
+            const std::string name = "decoder/" + sched + "/" + var + (pf ? "/prefill" : "/decode") + "/threads:1";
+            benchmark::RegisterBenchmark(name.c_str(), [sched, var, pf](benchmark::State& st) { decoder_run(st, sched, var, pf); })
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+        }
+    };
+    add("uniform", "standard");
+    for (const std::string& sched : schedules)
+        for (const std::string& var : variants) add(sched, var);
+}
+
 void register_suite() {
     const bool quick = bench_quick();
     const std::vector<index_t> lengths =
@@ -301,6 +362,7 @@ void register_suite() {
                     ->UseRealTime()
                     ->Unit(benchmark::kMillisecond);
             }
+    register_decoder(quick);
 }
 
 }  // namespace
