@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -148,6 +149,60 @@ TEST(merge_partials, random_partials_against_double) {
         for (index_t c = 0; c < Dv; ++c) ASSERT_NEAR(m.o[c], out(i[0], i[1], i[2], c), 16 * kEps * 4.0);
         ASSERT_NEAR(m.lse, lse(i[0], i[1], i[2]), 2 * kEps * (std::fabs(m.lse) + 1.0));
     });
+}
+
+// In place (out is out_a or out_b, lse is lse_a or lse_b) gives the same numbers; any other
+// sharing of memory between an output and an argument is rejected before anything is written;
+// lse views take any strides ([B, H, Lq] as FlashAttention stores it).
+TEST(merge_partials, in_place_overlap_and_strided_lse) {
+    const index_t B = 2, L = 3, H = 2, Dv = 4;
+    const tensor4<float> oa = random_bshd(B, L, H, Dv, distribution::gaussian, 71),
+                         ob = random_bshd(B, L, H, Dv, distribution::gaussian, 72);
+    tensor3<float> la(B, L, H), lb(B, L, H);
+    for (index_t i = 0; i < la.size(); ++i) la.data()[i] = 0.3f * i, lb.data()[i] = 2.0f - 0.2f * i;
+    tensor4<float> out(B, L, H, Dv);
+    tensor3<float> lse(B, L, H);
+    attnkit::merge_partials(oa, la, ob, lb, out, lse);
+
+    tensor4<float> a = oa, b = ob;
+    tensor3<float> lsa = la, lsb = lb;
+    attnkit::merge_partials(a, lsa, ob, lb, a, lsa);  // into the first side
+    EXPECT_TRUE(all_close(a, out, 0.0, 0.0));
+    EXPECT_TRUE(all_close(lsa, lse, 0.0, 0.0));
+    attnkit::merge_partials(oa, la, b, lsb, b, lsb);  // into the second side
+    EXPECT_TRUE(all_close(b, out, 0.0, 0.0));
+    EXPECT_TRUE(all_close(lsb, lse, 0.0, 0.0));
+
+    // lse_a, lse_b and lse in [B, H, Lq] buffers.
+    std::vector<float> bhl_a(static_cast<std::size_t>(B * H * L)), bhl_b(bhl_a.size()), bhl(bhl_a.size(), 7.0f);
+    const std::array<index_t, 3> dims{B, L, H}, strides{H * L, 1, L};
+    const view<float, 3> va(bhl_a.data(), dims, strides), vb(bhl_b.data(), dims, strides), vl(bhl.data(), dims, strides);
+    for_each_index<3>(dims, [&](const std::array<index_t, 3>& i) {
+        va(i[0], i[1], i[2]) = la(i[0], i[1], i[2]);
+        vb(i[0], i[1], i[2]) = lb(i[0], i[1], i[2]);
+    });
+    tensor4<float> out2(B, L, H, Dv);
+    attnkit::merge_partials(oa, va, ob, vb, out2, vl);
+    EXPECT_TRUE(all_close(out2, out, 0.0, 0.0));
+    EXPECT_TRUE(all_close(vl, lse, 0.0, 0.0));
+
+    // Overlaps: out half over out_a, lse inside out, out over lse_b's memory.
+    std::vector<float> buf(static_cast<std::size_t>(3 * B * L * H * Dv), 7.0f);
+    const view<float, 4> o1(buf.data(), {B, L, H, Dv}), o2(buf.data() + 5, {B, L, H, Dv});
+    for_each_index<4>(o1.dims, [&](const std::array<index_t, 4>& i) { o1(i[0], i[1], i[2], i[3]) = 1.0f; });
+    tensor3<float> l1 = la;
+    EXPECT_THROW(attnkit::merge_partials(o1, la, ob, lb, o2, l1), std::invalid_argument);
+    const view<float, 3> l_in_out(buf.data() + 3, {B, L, H});
+    EXPECT_THROW(attnkit::merge_partials(oa, la, ob, lb, o1, l_in_out), std::invalid_argument);
+    const view<float, 4> o_over_lb(lb.data(), {1, 1, 1, 3});
+    const view<float, 3> one(l1.data(), {1, 1, 1});
+    tensor4<float> oa1(1, 1, 1, 3), ob1(1, 1, 1, 3);
+    tensor3<float> la1(1, 1, 1), lb1 = make_lse(1, 1, 1, 0.0f);
+    oa1.setConstant(1.0f), ob1.setConstant(1.0f), la1.setConstant(0.0f);
+    EXPECT_THROW(attnkit::merge_partials(oa1, la1, ob1, view<const float, 3>(lb.data(), {1, 1, 1}), o_over_lb, one),
+                 std::invalid_argument);
+    EXPECT_EQ(2.0f, lb(0, 0, 0));  // nothing written
+    EXPECT_EQ(7.0f, buf[5 + B * L * H * Dv]);
 }
 
 // ---- the fast kernel's split-KV and sink paths ---------------------------------------------
