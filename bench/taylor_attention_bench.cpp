@@ -12,7 +12,8 @@
 // Counters: FLOP/s and peak_frac count each algorithm's own arithmetic (quadratic and softmax:
 // 2 (D + Dv) per visible pair and head, as flops.hpp; linear: 2 F (Dv + 1) per query head row
 // and per key/value head key, plus the chunk-local pairs), so peak_frac says how well a form
-// runs; the time (and the ratio of times) says which form is faster.
+// runs (automatic: the work of the form it picks); the time (and the ratio of times) says
+// which form is faster.
 //
 // Decode (names <family>/decode/Lk:<N>/D:64/H:8/threads:<t>), N in 1K..32K:
 //   taylor_state_step  one taylor_state::step of one token with N tokens already in the state
@@ -70,6 +71,13 @@ double pairs_of(const attn_dims& d, bool causal) {
 double work_flops(fam f, const attn_dims& d, bool causal) {
     const double D = static_cast<double>(d.D), Dv = static_cast<double>(d.Dv);
     const double quad = pairs_of(d, causal) * static_cast<double>(d.H) * 2.0 * (D + Dv);
+    if (f == fam::automatic) {  // the work of the form the cost model picks
+        attnkit::taylor_options o;
+        o.causal = causal;
+        const attnkit::detail::attention_shape s{d.B, d.Lq, d.Lk, d.H, d.Hk, d.D, d.Dv};
+        f = attnkit::detail::taylor::choose_form(s, o) == attnkit::taylor_form::linear ? fam::linear
+                                                                                        : fam::quadratic;
+    }
     if (f != fam::linear && f != fam::linear_full) return quad;
     const double F = f == fam::linear ? 1.0 + D + D * (D + 1.0) / 2.0 : 1.0 + D + D * D;
     const double rows = static_cast<double>(d.B) * static_cast<double>(d.Lq * d.H + d.Lk * d.Hk);
