@@ -171,6 +171,7 @@ TEST(view, extent_check_rejects_int64_overflow) {
     // The element count wraps: 2^32 * 64 * 2^30 = 2^68.
     const view<const float, 4> count(nullptr, {index_t(1) << 32, 64, index_t(1) << 30, 1});
     EXPECT_THROW(check_extent("q", count), std::invalid_argument);
+    EXPECT_EQ(std::numeric_limits<index_t>::max(), count.size());  // saturates, no UB
     // The count fits, the byte offset of the last element does not.
     std::vector<float> buf(4);
     const view<const float, 2> reach(buf.data(), {2, 2}, {index_t(1) << 62, 1});

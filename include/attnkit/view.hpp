@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -32,12 +33,14 @@ struct view {
     view(T* ptr, const std::array<index_t, N>& d, const std::array<index_t, N>& s)
         : data(ptr), dims(d), strides(s) {}
 
-    // Dense row-major view over raw memory.
+    // Dense row-major view over raw memory. Strides whose product would overflow int64 saturate
+    // at INT64_MAX (the product of the dimensions overflows then too, and validation rejects it).
     view(T* ptr, const std::array<index_t, N>& d) : data(ptr), dims(d) {
+        constexpr index_t kMax = std::numeric_limits<index_t>::max();
         index_t s = 1;
         for (int i = N - 1; i >= 0; --i) {
             strides[i] = s;
-            s *= d[i];
+            s = d[i] <= 0 ? (d[i] == 0 ? 0 : s) : (s > kMax / d[i] ? kMax : s * d[i]);  // d < 0: rejected later
         }
     }
 
@@ -69,9 +72,15 @@ struct view {
     index_t dim(int i) const { return dims[i]; }
     index_t dimension(int i) const { return dims[i]; }  // Eigen's spelling, for generic code
     index_t stride(int i) const { return strides[i]; }
+    // Number of elements; saturates at INT64_MAX instead of overflowing (detail::check_extent
+    // rejects such shapes with an error; negative dimensions count as 0 here).
     index_t size() const {
+        constexpr index_t kMax = std::numeric_limits<index_t>::max();
         index_t s = 1;
-        for (int i = 0; i < N; ++i) s *= dims[i];
+        for (int i = 0; i < N; ++i) {
+            if (dims[i] <= 0) return 0;
+            s = s > kMax / dims[i] ? kMax : s * dims[i];
+        }
         return s;
     }
 
