@@ -326,9 +326,32 @@ TEST(bad_input, rejected_before_writing) {
     taylor_options bad_form;
     bad_form.form = static_cast<taylor_form>(7);
     expect_rejected(call(in.q, in.k, in.v, out, bad_form), "opts.form", out);
-    // A non-contiguous head dim.
+    // A non-contiguous head dim, and out laid over k.
     const view<const float, 4> q_strided(in.q.data(), {2, 8, 4, 8}, {8 * 4 * 16, 4 * 16, 16, 2});
     expect_rejected([&] { attnkit::taylor_attention(q_strided, in.k, in.v, out, ok); }, "q:", out);
+    tensor4<float> kv = make_bshd<float>(2, 12, 2, 16, 1.0f);
+    const view<float, 4> out_over_k(kv.data(), {2, 8, 4, 8}, {8 * 4 * 8, 4 * 8, 8, 1});
+    try {
+        attnkit::taylor_attention(in.q, kv, in.v, out_over_k, ok);
+        ADD_FAILURE() << "out over k accepted";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("out"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(all_equal_to(kv, 1.0f));
+}
+
+// out may be q itself (the same view): the result is bitwise that of a separate out.
+TEST(in_place, out_is_q) {
+    for (taylor_form form : {taylor_form::quadratic, taylor_form::linear})
+        for (bool causal : {false, true}) {
+            const taylor_case c{2, 130, 700, 4, 2, 16, 16, causal, {}, distribution::gaussian};
+            inputs in = make_inputs(c, 31);
+            const taylor_options o = options_of(c, form);
+            const tensor4<float> want = run_fast(in, o);
+            attnkit::taylor_attention(in.q, in.k, in.v, in.q, o);
+            EXPECT_EQ(0, std::memcmp(want.data(), in.q.data(), sizeof(float) * want.size()))
+                << "form " << static_cast<int>(form) << " causal " << causal;
+        }
 }
 
 }  // namespace

@@ -22,13 +22,21 @@
 //
 // Cost model (detail::taylor::choose_form): with P the number of visible (query, key) pairs
 // summed over query heads and N = B (Lq H + Lk Hk) the rows that read or update the state,
-//   t_quadratic = kQuadraticNsPerFlop * 2 P (D + Dv)
-//   t_linear    = kLinearNsPerFlop * 2 N F (Dv + 1) + (causal: the chunk-local quadratic part)
-// The two constants are effective times per FLOP measured with bench/taylor_attention_bench
+//   t_quadratic = 2 P (D + Dv) / kQuadraticGflops
+//   t_linear    = 2 N F (Dv + 1) / kLinearGflops + (causal: the chunk-local quadratic part)
+// The two constants are effective FLOP rates measured with bench/taylor_attention_bench
 // (B = 1, H = 8, 1 thread, this machine: AMD EPYC Zen 2, AVX2 + FMA); see "Crossover" below.
 //
-// Crossover (measured, B = 1, H = Hk = 8, 1 thread; the L from which linear is faster):
-//   (filled in from the benchmark)
+// Crossover: the L from which the linear form is faster (B = 1, H = Hk = 8, Lq = Lk = L,
+// 1 thread; bench/taylor_attention_bench medians, one run per L; the model's L in brackets).
+//   D = 64,  not causal: between 2048 and 4096 [2560]  (4096: linear 286 ms, quadratic 470 ms)
+//   D = 64,  causal:     between 4096 and 8192 [5120]  (4096: 288 vs 240 ms; 8192: 557 vs 957)
+//   D = 128, not causal: about 8192 [9728]             (8192: 3.70 vs 3.52 s; 16384: linear wins)
+//   D = 128, causal:     above 16384 [19456]           (8192: 3.61 vs 1.71 s; 16384: 16.3 vs 11.9)
+// Near a crossover the two forms take about the same time, so a choice on the wrong side of it
+// costs little; far from it the model is unambiguous (the linear form's cost grows with
+// D^2 Dv, the quadratic form's with L). With two threads both forms scale alike, and Hk < H
+// (GQA) makes the linear form cheaper (the state update is per key/value head), as modelled.
 #pragma once
 
 #include <algorithm>
@@ -49,10 +57,11 @@ namespace attnkit {
 namespace detail {
 namespace taylor {
 
-// Effective nanoseconds per FLOP of each form (see the header comment), and the keys per chunk
-// of the linear form's local quadratic part.
-constexpr double kQuadraticNsPerFlop = 1.0;
-constexpr double kLinearNsPerFlop = 1.0;
+// Effective FLOP rates of each form, in GFLOP/s of its own arithmetic (see the header comment):
+// medians of bench/taylor_attention_bench at B = 1, H = 8, 1 thread, L = 2048..8192,
+// D = 64 and 128 (quadratic 74-80, linear 67-74; the ratio is what matters).
+constexpr double kQuadraticGflops = 78.0;
+constexpr double kLinearGflops = 68.0;
 
 // Visible (query, key) pairs of one batch item's query head: row i sees min(len, i + Lk - Lq + 1)
 // keys when causal (at least 0), len otherwise.
@@ -80,8 +89,8 @@ inline taylor_form choose_form(const attention_shape& s, const taylor_options& o
     const double rows = static_cast<double>(s.batch) *
                         (static_cast<double>(s.len_q * s.heads) + static_cast<double>(s.len_k * s.heads_k));
     const double local = o.causal ? static_cast<double>(s.batch * s.len_q * s.heads) * (kChunk / 2.0) : 0.0;
-    const double t_quad = kQuadraticNsPerFlop * 2.0 * pairs * (D + Dv);
-    const double t_lin = kLinearNsPerFlop * 2.0 * rows * F * (Dv + 1.0) + kQuadraticNsPerFlop * 2.0 * local * (D + Dv);
+    const double t_quad = 2.0 * pairs * (D + Dv) / kQuadraticGflops;
+    const double t_lin = 2.0 * rows * F * (Dv + 1.0) / kLinearGflops + 2.0 * local * (D + Dv) / kQuadraticGflops;
     return t_lin < t_quad ? taylor_form::linear : taylor_form::quadratic;
 }
 
@@ -106,6 +115,9 @@ void attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, cons
     // Mask bounds are compared to key indices in float lanes, exact below 2^24 (as softmax).
     if (s.len_k >= (index_t(1) << 24))
         fail("k: at most 2^24 - 1 keys per call, got Lk = " + std::to_string(s.len_k) + " in " + shape_string(k));
+    // out may not overlap k, v or itself; it may be q itself (each work item packs its queries
+    // before it writes any of its rows, in both forms).
+    check_attention_memory(q, k, v, out, static_cast<const view<float, 3>*>(nullptr));
     if (s.batch == 0 || s.len_q == 0) return;
     const taylor_form form = opts.form == taylor_form::automatic ? choose_form(s, opts) : opts.form;
     if (form == taylor_form::linear)
