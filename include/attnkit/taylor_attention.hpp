@@ -35,8 +35,9 @@
 //   D = 128, causal:     above 16384 [19456]           (8192: 3.61 vs 1.71 s; 16384: 16.3 vs 11.9)
 // Near a crossover the two forms take about the same time, so a choice on the wrong side of it
 // costs little; far from it the model is unambiguous (the linear form's cost grows with
-// D^2 Dv, the quadratic form's with L). With two threads both forms scale alike, and Hk < H
-// (GQA) makes the linear form cheaper (the state update is per key/value head), as modelled.
+// D^2 Dv, the quadratic form's with L). The model counts GQA (the state update is per
+// key/value head), key_lengths and Lq != Lk; it ignores the thread count (both forms split
+// their work over the same pool).
 #pragma once
 
 #include <algorithm>
