@@ -81,7 +81,6 @@ inline void gemm(const matrix_ref<const float>& a, const matrix_ref<const float>
         C.noalias() += A * B;
 #endif
 }
-
 // Rows per block of gemm_rows. Large enough that re-packing B per block costs a few percent of
 // the block's FLOPs (B is packed once per block: K*N loads against 2*rows*K*N FLOPs), small
 // enough that two threads share N = 512 rows evenly.
