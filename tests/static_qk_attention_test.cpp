@@ -89,6 +89,145 @@ std::vector<shape> sweep() {
     return v;
 }
 
+template <class F>
+void expect_invalid(F&& f, const std::string& needle) {
+    try {
+        f();
+        ADD_FAILURE() << "no exception; expected one mentioning \"" << needle << "\"";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+
+TEST(static_qk_attention, matches_reference_on_sweep) {
+    for (distribution d : kAllDistributions)
+        for (const shape& s : sweep()) {
+            SCOPED_TRACE(describe(s) + " " + name(d));
+            const problem p = make_problem(s, d, 700 + s.Lmax);
+            tensor4<float> out = make_bshd<float>(s.B, s.L, s.H, s.Dv, kSentinel);
+            attnkit::static_qk_attention(p.qf, p.kf, p.v, out);
+            EXPECT_TRUE(all_close(out, p.want, tolerance_for(kK, p.magnitude)));
+        }
+}
+
+// Many value sets (B > kMaxValueSets runs in groups), a scale, strided views of the inputs.
+TEST(static_qk_attention, large_batch_scale_and_strided_views) {
+    const shape s{19, 40, 33, 4, 2, 8, 5};
+    const problem p = make_problem(s, distribution::gaussian, 800, 0.3f);
+    static_qk_options o;
+    o.scale = 0.3f;
+    tensor4<float> out = make_bshd<float>(s.B, s.L, s.H, s.Dv, kSentinel);
+    attnkit::static_qk_attention(p.qf, p.kf, p.v, out, o);
+    EXPECT_TRUE(all_close(out, p.want, tolerance_for(kK, attention_magnitude(p.qf, p.kf, p.v, 0.3))));
+
+    // v and out inside wider buffers: [B, L, Hk, Dv] with a padded batch and row stride.
+    std::vector<float> vbuf(static_cast<std::size_t>(s.B * (s.L + 1) * s.Hk * (s.Dv + 3)), 0.0f);
+    const attnkit::view<float, 4> vview(vbuf.data(), {s.B, s.L, s.Hk, s.Dv},
+                                        {(s.L + 1) * s.Hk * (s.Dv + 3), s.Hk * (s.Dv + 3), s.Dv + 3, 1});
+    for (index_t b = 0; b < s.B; ++b)
+        for (index_t j = 0; j < s.L; ++j)
+            for (index_t h = 0; h < s.Hk; ++h)
+                for (index_t c = 0; c < s.Dv; ++c) vview(b, j, h, c) = p.v(b, j, h, c);
+    std::vector<float> obuf(static_cast<std::size_t>(s.B * s.L * s.H * (s.Dv + 2)), kSentinel);
+    const attnkit::view<float, 4> oview(obuf.data(), {s.B, s.L, s.H, s.Dv},
+                                        {s.L * s.H * (s.Dv + 2), s.H * (s.Dv + 2), s.Dv + 2, 1});
+    attnkit::static_qk_attention(p.qf, p.kf, attnkit::view<const float, 4>(vview), oview, o);
+    EXPECT_TRUE(all_close(oview, out, 0.0, 0.0));
+    for (index_t x = 0; x < static_cast<index_t>(obuf.size()); ++x) {
+        if (x % (s.Dv + 2) >= s.Dv) {
+            ASSERT_EQ(kSentinel, obuf[static_cast<std::size_t>(x)]) << "padding written";
+        }
+    }
+}
+
+// The kernel, the map and the oracle agree; the map's last rows equal the kernel's.
+TEST(static_qk_attention, kernel_map_and_reference_agree) {
+    for (const shape& s : {shape{8, 300, 290, 8, 8, 64, 64}, shape{3, 131, 131, 6, 2, 2 * W + 1, W - 1 > 0 ? W - 1 : 1}}) {
+        SCOPED_TRACE(describe(s));
+        const problem p = make_problem(s, distribution::gaussian, 900);
+        const tolerance tol = tolerance_for(kK, p.magnitude);
+        tensor4<float> k_out = make_bshd<float>(s.B, s.L, s.H, s.Dv, kSentinel);
+        attnkit::static_qk_attention(p.qf, p.kf, p.v, k_out);
+        const static_attention_map map(p.qf, p.kf);
+        tensor4<float> m_out = make_bshd<float>(s.B, s.L, s.H, s.Dv, kSentinel);
+        map.apply(p.v, m_out);
+        EXPECT_TRUE(all_close(k_out, p.want, tol));
+        EXPECT_TRUE(all_close(m_out, p.want, tol));
+        EXPECT_TRUE(all_close(m_out, to_double(k_out), tol));
+        tensor4<float> last = make_bshd<float>(s.B, 3, s.H, s.Dv, kSentinel);
+        map.apply(p.v, last);
+        EXPECT_TRUE(all_close(last, rows_of(to_double(k_out), s.L - 3, 3), tol));
+    }
+}
+
+// NaN in one batch item's values stays in that item (each value set has its own accumulators).
+TEST(static_qk_attention, nan_in_one_item_stays_there) {
+    const shape s{3, 50, 50, 2, 1, 8, 8};
+    problem p = make_problem(s, distribution::uniform, 1000);
+    p.v(1, 20, 0, 3) = std::numeric_limits<float>::quiet_NaN();
+    tensor4<float> out = make_bshd<float>(s.B, s.L, s.H, s.Dv, kSentinel);
+    attnkit::static_qk_attention(p.qf, p.kf, p.v, out);
+    const tolerance tol = tolerance_for(kK, p.magnitude);
+    for (index_t b : {0, 2}) {
+        tensor4<double> got(1, s.L, s.H, s.Dv), want(1, s.L, s.H, s.Dv);
+        for (index_t i = 0; i < s.L; ++i)
+            for (index_t h = 0; h < s.H; ++h)
+                for (index_t c = 0; c < s.Dv; ++c) got(0, i, h, c) = out(b, i, h, c), want(0, i, h, c) = p.want(b, i, h, c);
+        EXPECT_TRUE(all_close(got, want, tol)) << "item " << b;
+    }
+    for (index_t i = 0; i < 20; ++i) EXPECT_FALSE(std::isnan(out(1, i, 0, 3))) << "row " << i << " sees no NaN key";
+    EXPECT_TRUE(std::isnan(out(1, 20, 0, 3)));
+}
+
+TEST(static_qk_attention, bitwise_identical_for_any_thread_count) {
+    for (const shape& s : {shape{8, 600, 577, 4, 2, 64, 64}, shape{3, 1100, 1100, 2, 2, 16, 9}}) {
+        SCOPED_TRACE(describe(s));
+        const tensor4<float> qf = random_bshd(1, s.Lmax, s.H, s.D, distribution::outliers, 1);
+        const tensor4<float> kf = random_bshd(1, s.Lmax, s.Hk, s.D, distribution::outliers, 2);
+        const tensor4<float> v = random_bshd(s.B, s.L, s.Hk, s.Dv, distribution::outliers, 3);
+        tensor4<float> out1 = make_bshd<float>(s.B, s.L, s.H, s.Dv);
+        attnkit::static_qk_attention(qf, kf, v, out1);
+        for (std::size_t n : {2u, 3u}) {
+            attnkit::thread_pool pool(n);
+            static_qk_options o;
+            o.pool = &pool;
+            tensor4<float> outn = make_bshd<float>(s.B, s.L, s.H, s.Dv);
+            attnkit::static_qk_attention(qf, kf, v, outn, o);
+            EXPECT_TRUE(all_close(outn, out1, 0.0, 0.0)) << n << " threads";
+        }
+    }
+}
+
+TEST(static_qk_attention, bad_input_throws_before_writing) {
+    const index_t B = 2, Lmax = 5, H = 4, Hk = 2, D = 3;
+    const tensor4<float> qf = random_bshd(1, Lmax, H, D, distribution::uniform, 1);
+    const tensor4<float> kf = random_bshd(1, Lmax, Hk, D, distribution::uniform, 2);
+    const tensor4<float> v = random_bshd(B, Lmax, Hk, D, distribution::uniform, 3);
+    tensor4<float> out = make_bshd<float>(B, Lmax, H, D, kSentinel);
+    const tensor4<float> qf_b2 = random_bshd(2, Lmax, H, D, distribution::uniform, 4);
+    expect_invalid([&] { attnkit::static_qk_attention(qf_b2, kf, v, out); }, "q_fixed: expected batch 1");
+    const tensor4<float> kf_b2 = random_bshd(2, Lmax, Hk, D, distribution::uniform, 5);
+    expect_invalid([&] { attnkit::static_qk_attention(qf, kf_b2, v, out); }, "k_fixed: expected batch 1");
+    const tensor4<float> v_long = random_bshd(B, Lmax + 1, Hk, D, distribution::uniform, 6);
+    tensor4<float> out_long = make_bshd<float>(B, Lmax + 1, H, D, kSentinel);
+    expect_invalid([&] { attnkit::static_qk_attention(qf, kf, v_long, out_long); }, "exceeds the fixed stream's Lmax");
+    const tensor4<float> kf_h3 = random_bshd(1, Lmax, 3, D, distribution::uniform, 7);
+    const tensor4<float> v_h3 = random_bshd(B, Lmax, 3, D, distribution::uniform, 8);
+    expect_invalid([&] { attnkit::static_qk_attention(qf, kf_h3, v_h3, out); }, "multiple of key heads");
+    const tensor4<float> v_h = random_bshd(B, Lmax, H, D, distribution::uniform, 9);
+    expect_invalid([&] { attnkit::static_qk_attention(qf, kf, v_h, out); }, "v: expected 2 key/value heads");
+    tensor4<float> out_t = make_bshd<float>(B, Lmax - 1, H, D, kSentinel);
+    expect_invalid([&] { attnkit::static_qk_attention(qf, kf, v, out_t); }, "out: expected shape");
+    static_qk_options o;
+    o.scale = -2.0f;
+    expect_invalid([&] { attnkit::static_qk_attention(qf, kf, v, out, o); }, "opts.scale");
+    EXPECT_TRUE(all_equal_to(out, kSentinel));
+    EXPECT_TRUE(all_equal_to(out_long, kSentinel));
+    EXPECT_TRUE(all_equal_to(out_t, kSentinel));
+}
+
 // ---- the map ---------------------------------------------------------------------------------
 
 TEST(static_attention_map, rows_match_reference_weights) {
@@ -205,7 +344,7 @@ TEST(static_attention_map, bitwise_identical_for_any_thread_count) {
     }
 }
 
-// Scores of 1e4 in magnitude: the exact row max keeps them finite.
+// Scores of 1e4 in magnitude: the map's exact row max and the kernel's online max keep them finite.
 TEST(static_attention_map, extreme_logits) {
     const shape s{2, 40, 40, 2, 2, 4, 5};
     problem p = make_problem(s, distribution::gaussian, 600, 1.0f);
@@ -219,19 +358,13 @@ TEST(static_attention_map, extreme_logits) {
     o.scale = 1.0f;
     ref::static_qk_attention(p.qf, p.kf, p.v, p.want, o);
     const static_attention_map map(p.qf, p.kf, o);
+    const tolerance tol = tolerance_for(kK, attention_magnitude(p.qf, p.kf, p.v, 1.0));
     tensor4<float> out = make_bshd<float>(s.B, s.L, s.H, s.Dv, kSentinel);
     map.apply(p.v, out);
-    EXPECT_TRUE(all_close(out, p.want, tolerance_for(kK, attention_magnitude(p.qf, p.kf, p.v, 1.0))));
-}
-
-template <class F>
-void expect_invalid(F&& f, const std::string& needle) {
-    try {
-        f();
-        ADD_FAILURE() << "no exception; expected one mentioning \"" << needle << "\"";
-    } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    EXPECT_TRUE(all_close(out, p.want, tol));
+    tensor4<float> k_out = make_bshd<float>(s.B, s.L, s.H, s.Dv, kSentinel);
+    attnkit::static_qk_attention(p.qf, p.kf, p.v, k_out, o);
+    EXPECT_TRUE(all_close(k_out, p.want, tol));
 }
 
 TEST(static_attention_map, bad_input_throws_before_writing) {
@@ -262,10 +395,7 @@ TEST(static_attention_map, bad_input_throws_before_writing) {
 
     const Eigen::Tensor<float, 3, Eigen::RowMajor> w_rect(2, 4, 5);
     expect_invalid([&] { static_attention_map::from_weights(w_rect); }, "w: expected a square");
-    const tensor4<float> w4(1, 2, 4, 4);
-    expect_invalid([&] { static_attention_map::from_weights(w4); }, "w: expected rank 3");
-    const Eigen::Tensor<float, 2, Eigen::RowMajor> w2(4, 4);
-    expect_invalid([&] { static_attention_map::from_weights(w2); }, "w: expected rank 3");
+    // A w of another rank stops at compile time (view.hpp's rank static_assert).
     const Eigen::Tensor<float, 3, Eigen::RowMajor> w_sq(4, 3, 3);
     expect_invalid([&] { static_attention_map::from_weights(w_sq, 3); }, "heads_kv");
 }

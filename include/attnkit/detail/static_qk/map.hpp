@@ -50,6 +50,8 @@ class static_attention_map {
     template <class W>
     static static_attention_map from_weights(const W& w, index_t heads_kv = 0) {
         namespace sq = detail::static_qk;
+        static_assert(detail::tensor_traits<std::decay_t<W>>::kRank == 3,
+                      "attnkit::static_attention_map::from_weights: w must have rank 3, [H, Lmax, Lmax]");
         const auto wv = sq::weights_view(w);
         const sq::stream_shape s = sq::check_weights(wv, heads_kv);
         static_attention_map m;

@@ -90,11 +90,13 @@ void build_map(const view<const float, 4>& qf, const view<const float, 4>& kf, c
             }
             simd::storeu(inv + n * W, V(1.0f) / sum);
         }
-        // Rows out of the lanes: one strided read per probability, against D FMAs to make it.
-        for (index_t r = 0; r < nr; ++r) {
-            const index_t i = i0 + r;
-            float* dst = p + h * tri + packed_row(i);
-            for (index_t j = 0; j <= i; ++j) dst[j] = st[j * RT + r] * inv[r];
+        // Rows out of the lanes, key by key: each S^T line is read once, front to back, and
+        // scattered to the nr packed rows (nr write streams); key j goes to the rows r >= j - i0.
+        float* dst[RT];
+        for (index_t r = 0; r < nr; ++r) dst[r] = p + h * tri + packed_row(i0 + r);
+        for (index_t j = 0; j < i_end; ++j) {
+            const float* sj = st + j * RT;
+            for (index_t r = std::max<index_t>(0, j - i0); r < nr; ++r) dst[r][j] = sj[r] * inv[r];
         }
     });
 }
