@@ -4,6 +4,7 @@
 //   self_gating   attnkit::self_gating_attention, L in {4096, 16384, 32768}, causal 0/1
 //   reference     attnkit::reference::self_gating_attention (materialises L x L, double), L = 512
 //                 only, one thread, one iteration; the fast kernel also runs at L = 512
+//   self_gating_state  one decode step (T = 1) of attnkit::self_gating_state, tokens/s
 //   softmax       attnkit::softmax_attention, causal, L in {4096, 16384} (L = 32768 would take
 //                 ~20 s per iteration; 16384 is the same-shape comparison), one iteration at 16384
 // Shapes: B = 1, H = Hk = 8, D = Dv = 128; threads 1 and 2.
@@ -132,6 +133,22 @@ void BM_case(benchmark::State& state, family f, std::int64_t L, bool causal, int
                                                      benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One decode step of self_gating_state (T = 1 token, B = 1): the state is O(H Dv) whatever the
+// length, so a step costs the same at any position; tokens/s and the latency are the numbers.
+void BM_decode_step(benchmark::State& state, int threads) {
+    tensor4 q(1, 1, kH, kD), k(1, 1, kH, kD), v(1, 1, kH, kD), out(1, 1, kH, kD);
+    for (tensor4* t : {&q, &k, &v}) t->setConstant(0.5f);
+    attnkit::self_gating_options o;
+    o.pool = shared_pool(threads);
+    attnkit::self_gating_state st(1, kH, kH, kD, kD, o);
+    for (auto _ : state) {
+        st.step(q, k, v, out);
+        benchmark::ClobberMemory();
+    }
+    if (!(std::fabs(out(0, 0, 0, 0) - 0.5f) < 1e-5f)) state.SkipWithError("decode output differs from 0.5");
+    state.counters["tokens/s"] = benchmark::Counter(1.0, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void register_all() {
     const char* names[] = {"self_gating", "reference", "softmax"};
     auto add = [&](family f, std::int64_t L, bool causal, int threads, std::int64_t iterations) {
@@ -149,6 +166,9 @@ void register_all() {
     for (std::int64_t L : {4096, 16384, 32768})
         for (bool causal : {true, false})
             for (int t : kThreadCounts) add(family::self_gating, L, causal, t, 0);
+    benchmark::RegisterBenchmark("self_gating_state/T:1/D:128/H:8/threads:1", BM_decode_step, 1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
     for (int t : kThreadCounts) {
         add(family::softmax, 4096, true, t, 0);
         add(family::softmax, 16384, true, t, 1);

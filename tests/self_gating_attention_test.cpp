@@ -19,6 +19,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/compare.hpp"
@@ -289,6 +290,30 @@ TEST(SelfGatingThreads, BitwiseDeterministic) {
             o.pool = nullptr;
             EXPECT_TRUE(all_close(one, prefix_oracle(q, k, v, o), out_tol(q, k, v, o)));
         }
+}
+
+// Two callers sharing one pool at once (and a call nested in a pool task): chunks wait only on
+// chunks already claimed by running threads, so sharing never deadlocks, and the bits stay.
+TEST(SelfGatingThreads, SharedPoolConcurrentAndNestedCalls) {
+    attnkit::thread_pool pool(3);
+    const tensor4<float> q = random_bshd(1, 900, 2, 16, distribution::gaussian, 60);
+    const tensor4<float> k = random_bshd(1, 900, 1, 16, distribution::gaussian, 61);
+    const tensor4<float> v = random_bshd(1, 900, 1, 16, distribution::gaussian, 62);
+    self_gating_options o;
+    o.causal = true;
+    const tensor4<float> want = run_fast(q, k, v, o);
+    o.pool = &pool;
+    std::vector<tensor4<float>> outs(6);
+    std::vector<std::thread> callers;
+    for (int t = 0; t < 2; ++t)
+        callers.emplace_back([&, t] {
+            for (int r = 0; r < 3; ++r) outs[static_cast<std::size_t>(3 * t + r)] = run_fast(q, k, v, o);
+        });
+    for (auto& c : callers) c.join();
+    for (const auto& out : outs) EXPECT_TRUE(bitwise_equal(out, want));
+    std::vector<tensor4<float>> nested(4);
+    pool.parallel_for(4, [&](std::int64_t i) { nested[static_cast<std::size_t>(i)] = run_fast(q, k, v, o); });
+    for (const auto& out : nested) EXPECT_TRUE(bitwise_equal(out, want));
 }
 
 // ---- decode state --------------------------------------------------------------------------

@@ -103,7 +103,8 @@ void run_causal(const problem& p, thread_pool* pool, const state_arrays* init, c
         // claim would leave the chunk's successors waiting.
         states loc;
         loc.resize(H, dvp);
-        std::vector<float> buf(static_cast<std::size_t>(C * H * dvp)), mz(static_cast<std::size_t>(2 * C * H));
+        const index_t rows = std::min(C, L);  // a decode step (L = 1) needs one row
+        std::vector<float> buf(static_cast<std::size_t>(rows * H * dvp)), mz(static_cast<std::size_t>(2 * rows * H));
         const row_dest buf_dest{buf.data(), H * dvp, dvp};
         for (index_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
             const index_t b = it / nc, c = it % nc, c0 = c * C, c1 = std::min(c0 + C, L);
