@@ -15,7 +15,8 @@
 // final probabilities: a row-statistics pass stores each row's lse ([B, L, H] floats), and a
 // second pass rebuilds the tiles with c_q - 1 more halo rows, forms the probabilities, convolves,
 // mixes and multiplies by V. Post-softmax head mixing among heads that read the same value head
-// (always with MHA) commutes with P V and is applied to the outputs instead. The [H, L, L]
+// (within GQA groups; MHA heads each have their own V) commutes with P V and is applied to the
+// outputs instead. The [H, L, L]
 // tensors never exist; scratch is a few tiles per thread. Results are bitwise identical for any
 // thread count (fixed partition, every item computed by one thread).
 #pragma once

@@ -134,19 +134,24 @@ class block_kernel {
                     for (index_t px = 0; px < npy; ++px)
                         scores(b, h, v0, nv, npy, px, yh_[h] + px * nkp * RT + (v0 - ka) * RT);
         }
-        if (p_.head_pre) mix(p_.w_pre.data(), npy * nkp * RT);
+        if (p_.head_pre) mix(p_.w_pre.data(), npy, nk);
     }
 
-    // Head mixing from the current tile set into the other one (same per-head offsets).
-    void mix(const float* w, index_t n) {
+    // Head mixing from the current tile set into the other one (same per-head offsets), over the
+    // first nk keys of each of np panels.
+    void mix(const float* w, index_t np, index_t nk) {
         float* cur = at(in_y2_ ? p_.o_y2 : p_.o_y);
         float* other = at(in_y2_ ? p_.o_y : p_.o_y2);
-        for (index_t h = 0; h < p_.H; ++h) {
-            in_[h] = yh_[h];
-            spare_[h] = other + (yh_[h] - cur);
+        const index_t n = round_up(nk, 2) * RT;  // a multiple of 4 W, as head_mix needs
+        for (index_t pnl = 0; pnl < np; ++pnl) {
+            const index_t off = pnl * p_.nkp * RT;
+            for (index_t h = 0; h < p_.H; ++h) {
+                in_[h] = yh_[h] + off;
+                spare_[h] = other + (yh_[h] - cur) + off;
+            }
+            head_mix<A>(in_.data(), spare_.data(), w, p_.H, n);
         }
-        head_mix<A>(in_.data(), spare_.data(), w, p_.H, n);
-        for (index_t h = 0; h < p_.H; ++h) yh_[h] = spare_[h];
+        for (index_t h = 0; h < p_.H; ++h) yh_[h] = other + (yh_[h] - cur);
         in_y2_ = !in_y2_;
     }
 
@@ -243,7 +248,7 @@ class block_kernel {
                         probabilities<A>(y, nk, j0, i0 + pnl * RT, lse + h * npy * RT + pnl * RT, y, RT);
                     }
             }
-            if (p_.head_post && !p_.mix_outputs) mix(p_.w_post.data(), npo * p_.nkp * RT);
+            if (p_.head_post && !p_.mix_outputs) mix(p_.w_post.data(), npo, nk);
             v_key0_ = -1;
             for (index_t h = 0; h < p_.H; ++h)
                 for (index_t pnl = 0; pnl < npo; ++pnl) {

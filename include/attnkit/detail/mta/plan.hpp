@@ -41,6 +41,15 @@ inline std::vector<float> dense(const view<const float, 1>& t) {
     return d;
 }
 
+#ifndef ATTNKIT_MTA_CONV_BLOCK_ROWS
+#define ATTNKIT_MTA_CONV_BLOCK_ROWS 128
+#endif
+#ifndef ATTNKIT_MTA_CONV_BLOCK_KEYS
+#define ATTNKIT_MTA_CONV_BLOCK_KEYS 120
+#endif
+constexpr index_t kConvBlockRows = ATTNKIT_MTA_CONV_BLOCK_ROWS;
+constexpr index_t kConvBlockKeys = ATTNKIT_MTA_CONV_BLOCK_KEYS;
+
 struct plan {
     index_t B = 0, L = 0, H = 0, Hk = 0, group = 1, D = 0, Dv = 0;
     float q_scale = 1.0f;  // scale * log2(e): the whole pre-softmax pipeline is linear, so it runs in log2 units
@@ -48,7 +57,8 @@ struct plan {
     std::vector<float> th_pre, th_post, w_pre, w_post, norm_w, gate_w;
     bool head_pre = false, head_post = false;
     // Post head mixing commutes with the value product when it only mixes heads that read the
-    // same value head (always for MHA): then it is applied to the outputs, O'_h = sum_g W_hg O_g.
+    // same value head (GQA/MQA groups): then it is applied to the outputs, O'_h = sum_g W_hg O_g.
+    // With MHA every head has its own V, so off-diagonal mixing needs the probabilities.
     bool mix_outputs = false;
     bool two_pass = false;  // a post-softmax stage needs final probabilities: row statistics first
     float eps = 1e-5f, depth = 1.0f, gate_b = 0.0f;
@@ -95,11 +105,14 @@ plan make_plan(const shape& ms, const mta_options& o) {
     if (p.pre.on()) p.hq1 = p.pre.c_q - 1, p.hk1 = p.pre.key_halo();
     if (p.post.on()) p.hq2 = p.post.c_q - 1, p.hk2 = p.post.key_halo();
 
-    // 64 query rows of all heads per item: the halo rows (c_q - 1 per convolution) stay a small
-    // fraction while the item's Q^T, O^T and tiles stay within L2 + L3 reach. 60 keys per block
-    // (a multiple of kKeyPad).
-    p.block_rows = std::min<index_t>(round_up(std::max<index_t>(p.L, 1), RT), std::max<index_t>(64, RT));
-    p.block_keys = 60;
+    // Query rows of all heads per item, keys per block (a multiple of kKeyPad). Each
+    // convolution recomputes c_q - 1 halo rows and c_k - 1 halo keys of the scores, rounded up
+    // to whole panels: with a convolution the blocks are larger so that the halos stay a small
+    // fraction (measured at H = 16, D = 96: 128 x 120 against 64 x 60), without one smaller
+    // blocks keep the tiles of all heads in L2.
+    const bool conv = p.pre.on() || p.post.on();
+    p.block_rows = std::min<index_t>(round_up(std::max<index_t>(p.L, 1), RT), std::max<index_t>(conv ? kConvBlockRows : 64, RT));
+    p.block_keys = conv ? kConvBlockKeys : 60;
     p.n_qblocks = (p.L + p.block_rows - 1) / p.block_rows;
 
     p.npo = p.block_rows / RT;

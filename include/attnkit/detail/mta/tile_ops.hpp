@@ -52,14 +52,20 @@ void scatter_mask0(const float* st, index_t n, index_t key0, index_t row0, float
 // Key-query convolution (cross-correlation) of G wide input tiles into panel tiles:
 //   out[r][jj] = sum_{m, a, c} theta[m][a][c] * in[m][jj + c][r + a]
 // where output row r, key jj sit at absolute (row0 + r, key0 + jj) and input row r + a, key
-// row jj + c at (row0 + r + a - (c_q - 1), key0 + jj + c - (c_k - 1) / 2). Register blocks of
-// 4 keys x 1 vector of rows; panels wholly above the causal diagonal of a key block are
-// skipped (their entries are masked by every consumer). mask0: 0 where key > row.
-// Inputs need round_up(n_keys, 4) + c_k - 1 key rows and rs >= n_panels * RT + c_q - 1.
-template <class A>
-ATTNKIT_NOINLINE void conv_panels(const float* const* in, index_t rs, const float* theta, index_t G, index_t cq,
-                                  index_t ck, index_t n_keys, index_t n_panels, index_t key0, index_t row0,
-                                  bool mask0, float* out, index_t nkp) {
+// row jj + c at (row0 + r + a - (c_q - 1), key0 + jj + c - (c_k - 1) / 2). Panels wholly above
+// the causal diagonal of a key block are skipped (their entries are masked by every consumer).
+// mask0: 0 where key > row. Inputs need round_up(n_keys, 4) + c_k - 1 key rows and
+// rs >= n_panels * RT + c_q - 1.
+//
+// Register block: 4 output keys x one vector of rows. For each query tap a the c_k weights sit
+// in registers and each input row vector, loaded once, feeds every output key it reaches
+// (input row u serves output t through tap c = u - t): (4 + c_k - 1) loads per 4 c_k FMAs,
+// where a tap-by-tap loop would load once per FMA. kCk > 0 is that form for a compile-time
+// c_k; kCk = 0 the generic tap-by-tap loop.
+template <class A, int kCk>
+void conv_panels_impl(const float* const* in, index_t rs, const float* theta, index_t G, index_t cq, index_t ck,
+                      index_t n_keys, index_t n_panels, index_t key0, index_t row0, bool mask0, float* out,
+                      index_t nkp) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>, RT = tile_traits<A>::kTileRows;
     constexpr int NJ = 4;
@@ -73,12 +79,26 @@ ATTNKIT_NOINLINE void conv_panels(const float* const* in, index_t rs, const floa
             for (index_t m = 0; m < G; ++m) {
                 const float* x = in[m] + jj * rs + r;
                 const float* th = theta + m * cq * ck;
-                for (index_t a = 0; a < cq; ++a)
-                    for (index_t c = 0; c < ck; ++c) {
-                        const V w(th[a * ck + c]);
-                        const float* xa = x + c * rs + a;
-                        for (int t = 0; t < NJ; ++t) acc[t] = simd::fma(w, simd::loadu<A>(xa + t * rs), acc[t]);
+                for (index_t a = 0; a < cq; ++a) {
+                    if constexpr (kCk > 0) {
+                        V w[kCk];
+                        for (int c = 0; c < kCk; ++c) w[c] = V(th[a * kCk + c]);
+                        const float* xa = x + a;
+                        for (int u = 0; u < NJ + kCk - 1; ++u) {
+                            const V xv = simd::loadu<A>(xa + u * rs);
+                            for (int t = 0; t < NJ; ++t) {
+                                const int c = u - t;
+                                if (c >= 0 && c < kCk) acc[t] = simd::fma(w[c], xv, acc[t]);
+                            }
+                        }
+                    } else {
+                        for (index_t c = 0; c < ck; ++c) {
+                            const V w(th[a * ck + c]);
+                            const float* xa = x + c * rs + a;
+                            for (int t = 0; t < NJ; ++t) acc[t] = simd::fma(w, simd::loadu<A>(xa + t * rs), acc[t]);
+                        }
                     }
+                }
             }
             float* o = out + (r / RT) * nkp * RT + jj * RT + r % RT;
             const V rows = iota<A>(static_cast<float>(row0 + r));
@@ -87,6 +107,21 @@ ATTNKIT_NOINLINE void conv_panels(const float* const* in, index_t rs, const floa
                 simd::storeu(o + t * RT, acc[t]);
             }
         }
+    }
+}
+
+template <class A>
+ATTNKIT_NOINLINE void conv_panels(const float* const* in, index_t rs, const float* theta, index_t G, index_t cq,
+                                  index_t ck, index_t n_keys, index_t n_panels, index_t key0, index_t row0,
+                                  bool mask0, float* out, index_t nkp) {
+    switch (ck) {  // the paper's 11 and the small odd sizes get the register-blocked form
+        case 1: return conv_panels_impl<A, 1>(in, rs, theta, G, cq, ck, n_keys, n_panels, key0, row0, mask0, out, nkp);
+        case 3: return conv_panels_impl<A, 3>(in, rs, theta, G, cq, ck, n_keys, n_panels, key0, row0, mask0, out, nkp);
+        case 5: return conv_panels_impl<A, 5>(in, rs, theta, G, cq, ck, n_keys, n_panels, key0, row0, mask0, out, nkp);
+        case 7: return conv_panels_impl<A, 7>(in, rs, theta, G, cq, ck, n_keys, n_panels, key0, row0, mask0, out, nkp);
+        case 9: return conv_panels_impl<A, 9>(in, rs, theta, G, cq, ck, n_keys, n_panels, key0, row0, mask0, out, nkp);
+        case 11: return conv_panels_impl<A, 11>(in, rs, theta, G, cq, ck, n_keys, n_panels, key0, row0, mask0, out, nkp);
+        default: return conv_panels_impl<A, 0>(in, rs, theta, G, cq, ck, n_keys, n_panels, key0, row0, mask0, out, nkp);
     }
 }
 
