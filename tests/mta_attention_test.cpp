@@ -1,13 +1,14 @@
 // attnkit::mta_attention (the fused kernel) against attnkit::reference::mta_attention.
 //
-// The kernel works on blocks of 64 query rows (all heads), key blocks of 60, query panels of
+// The kernel works on blocks of 64 query rows (all heads; 128 with a convolution), key blocks
+// of 60 (120 with a convolution), query panels of
 // 2W rows (W = SIMD width), recomputing c_q - 1 halo rows per convolution; it runs one pass
 // without post-softmax stages, two passes (row statistics, then probabilities) with a post
 // convolution or a post head mixing across value heads, and mixes outputs instead of
 // probabilities when post head mixing stays within value heads. The sweeps straddle those edges:
 //   identity.*     identity kernels and W = I equal causal softmax_attention (G, c_q, c_k swept)
 //   stage.*        each stage alone and all together, over lengths 1, 2, c_q - 1, c_q, 63, 64,
-//                  65, 194 (3 blocks + 2)
+//                  65, 194 (3 blocks + 2); with convolutions (128 x 120 blocks) 119 .. 129, 386
 //   kernel_sizes   G in {1, 2} x c_q in {1, 3, 6} x c_k in {1, 5, 11}, every stage on
 //   heads          H in {1, 4, 16}; GQA with head mixing within and across value heads
 //   decode.*       mta_state in uneven steps equals the rows of one call
@@ -228,6 +229,18 @@ TEST(stage, each_alone_and_all_together) {
         for (index_t L : {1, 2, 5, 6, 63, 64, 65, 194}) {
             config c;
             c.cq = 6, c.ck = 11, c.stages = s, c.L = L, c.dist = kAllDistributions[n % 3], c.seed = 100 + n++;
+            expect_matches_reference(c);
+        }
+}
+
+// With a convolution on, blocks are 128 rows x 120 keys: lengths around those edges.
+TEST(stage, convolution_block_edges) {
+    int n = 0;
+    for (index_t L : {119, 120, 121, 127, 128, 129, 386})
+        for (unsigned s : {unsigned(kPreConv | kPreMix), unsigned(kAll)}) {
+            config c;
+            c.cq = 6, c.ck = 11, c.L = L, c.D = 5, c.Dv = 3, c.stages = s, c.dist = kAllDistributions[n % 3];
+            c.seed = 150 + n++;
             expect_matches_reference(c);
         }
 }
