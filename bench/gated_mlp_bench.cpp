@@ -11,11 +11,15 @@
 //   reference   attnkit::reference::gated_mlp (double loops) at N = 32, one thread, one
 //               iteration: the baseline ratio only.
 // Counters: FLOP/s = 6 N d_model m per call (the three products; SiLU not counted),
+// cpu_peak_frac = the same FLOPs over the process CPU time / the per-thread peak (meaningful
+// when other processes share the cores),
 // peak_frac = FLOP/s / (measured FMA peak per thread x threads), from common/bench_main.hpp.
 //
 //   flock /tmp/attnkit-bench.lock ./attnkit_gated_mlp_bench --benchmark_repetitions=3
 //       --benchmark_min_time=0.1 --benchmark_display_aggregates_only=true
+#include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,6 +35,12 @@
 
 namespace attnkit_bench {
 namespace {
+
+double process_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 using tensor2 = Eigen::Tensor<float, 2, Eigen::RowMajor>;
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -96,12 +106,13 @@ void BM_mlp(benchmark::State& state, std::string family, std::int64_t n, std::in
             attnkit::reference::gated_mlp(in.x, in.wg, in.wu, in.wd, out);
         }
     };
+    const double c0 = process_cpu_seconds();
     const auto t0 = clock_type::now();
     for (auto _ : state) {
         run();
         benchmark::ClobberMemory();
     }
-    const double seconds = seconds_since(t0);
+    const double seconds = seconds_since(t0), cpu_seconds = process_cpu_seconds() - c0;
     for (std::int64_t i = 0; i < out.size(); ++i)
         if (!std::isfinite(out.data()[i])) {
             state.SkipWithError("non-finite output");
@@ -111,6 +122,11 @@ void BM_mlp(benchmark::State& state, std::string family, std::int64_t n, std::in
     state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
     state.counters["peak_frac"] =
         flops * static_cast<double>(state.iterations()) / seconds / machine_peak_flops(threads);
+    // The same work over the CPU time the process got (all threads): on a shared machine, what
+    // the cores did while they ran this benchmark, against the per-thread peak (itself measured
+    // in thread CPU time).
+    state.counters["cpu_peak_frac"] =
+        flops * static_cast<double>(state.iterations()) / std::max(cpu_seconds, 1e-9) / machine_peak_flops(1);
 }
 
 void register_mlp() {

@@ -241,7 +241,7 @@ TEST(embedding_qk, bad_layouts_widths_and_layers_are_rejected_before_any_write) 
     std::vector<float> shared(static_cast<std::size_t>(B * L * W), 1.0f);
     const attnkit::view<float, 3> qk_over(shared.data(), {B, L, W});
     const attnkit::view<const float, 3> e_over(shared.data() + 3, {B, L, d});
-    expect_invalid([&] { attnkit::embedding_qk_projection(e_over, w, qk_over, lay); }, {"qk", "overlaps e"});
+    expect_invalid([&] { attnkit::embedding_qk_projection(e_over, w, qk_over, lay); }, {"qk", "and e", "overlap"});
     EXPECT_EQ(shared[0], 1.0f);
     EXPECT_TRUE(untouched());
     // Views: layer out of range, layout that disagrees with qk's width.

@@ -264,9 +264,9 @@ TEST(gated_mlp, bad_input_is_rejected_before_any_write) {
     out3.setConstant(3.0f);
     expect_rejected(x, w.gate, w.up, w.down, out3, {"out", "rank 3"}, out3.data(), n);
     // out laid over x (in place) and over a weight; out with a zero row stride.
-    expect_rejected(x, w.gate, w.up, w.down, attnkit::view<float, 2>(x.data(), {N, d}), {"out", "overlaps x"}, x.data(), n);
+    expect_rejected(x, w.gate, w.up, w.down, attnkit::view<float, 2>(x.data(), {N, d}), {"out", "and x", "overlap"}, x.data(), n);
     tensor2 wd_copy = w.down;
-    expect_rejected(x, w.gate, w.up, wd_copy, attnkit::view<float, 2>(wd_copy.data(), {N, d}), {"out", "w_down"},
+    expect_rejected(x, w.gate, w.up, wd_copy, attnkit::view<float, 2>(wd_copy.data(), {N, d}), {"out", "w_down", "overlap"},
                     wd_copy.data(), static_cast<std::size_t>(wd_copy.size()));
     expect_rejected(x, w.gate, w.up, w.down, attnkit::view<float, 2>(o, {N, d}, {0, 1}), {"out", "overlap"}, o, n);
     // x with a non-contiguous last dimension.

@@ -1,11 +1,10 @@
 // detail/gemm.hpp: the GEMM wrapper against plain double loops on sizes around the SIMD width
 // and Eigen's register tile edges, strided operands (row strides > cols, column slices), the
 // accumulate mode, an empty inner dimension, and the block grid: bitwise identical for any
-// thread count and any pool. Also detail/overlap.hpp, the overlap tests the entry points use.
+// thread count and any pool.
 #include <gtest/gtest.h>
 
 #include <attnkit/detail/gemm.hpp>
-#include <attnkit/detail/overlap.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -139,23 +138,6 @@ TEST(gemm, block_grid_is_bitwise_identical_for_any_pool) {
         attnkit::detail::gemm_rows(a.cref(), b.cref(), r.ref(), &pool, 100);
         EXPECT_TRUE(matches_product(a, b, r, nullptr)) << n << " threads";
     }
-}
-
-TEST(overlap, spans_and_self_overlap) {
-    std::vector<float> buf(100);
-    using V2 = attnkit::view<const float, 2>;
-    const V2 left(buf.data(), {5, 10}), right(buf.data() + 50, {5, 10}), mid(buf.data() + 45, {2, 10});
-    EXPECT_FALSE(attnkit::detail::memory_overlaps(left, right));
-    EXPECT_TRUE(attnkit::detail::memory_overlaps(left, mid));
-    EXPECT_TRUE(attnkit::detail::memory_overlaps(mid, right));
-    const V2 empty(buf.data(), {0, 10});
-    EXPECT_FALSE(attnkit::detail::memory_overlaps(left, empty));
-    EXPECT_FALSE(attnkit::detail::self_overlapping(left));
-    EXPECT_TRUE(attnkit::detail::self_overlapping(V2(buf.data(), {5, 10}, {0, 1})));   // zero stride
-    EXPECT_TRUE(attnkit::detail::self_overlapping(V2(buf.data(), {5, 10}, {9, 1})));   // rows overlap
-    EXPECT_FALSE(attnkit::detail::self_overlapping(V2(buf.data(), {1, 10}, {0, 1})));  // one row
-    const attnkit::view<const float, 3> bshd_like(buf.data(), {2, 3, 4}, {4, 8, 1});   // permuted
-    EXPECT_FALSE(attnkit::detail::self_overlapping(bshd_like));
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "attnkit/detail/check.hpp"
 #include "attnkit/detail/embedding_qk/check.hpp"
 #include "attnkit/detail/gemm.hpp"
+#include "attnkit/detail/memory_overlap.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "attnkit/view.hpp"
@@ -130,10 +131,11 @@ void stack_embedding_qk_weights(const std::vector<WQ>& wq, const std::vector<WK>
     const auto out = detail::output_view<2>("w", w, "[d_model, layers * (H * D + Hk * D)]");
     detail::check_layout("w", out);
     detail::check_shape("w", out, {d, layers * (nq + nk)}, "[d_model, layers * (H * D + Hk * D)]");
-    if (detail::self_overlapping(out)) fail("w: its rows overlap in memory (shape " + shape_string(out) + ")");
-    for (std::size_t l = 0; l < q.size(); ++l)
-        if (detail::memory_overlaps(out, q[l]) || detail::memory_overlaps(out, k[l]))
-            fail("w: overlaps wq[" + std::to_string(l) + "] or wk[" + std::to_string(l) + "] in memory");
+    for (std::size_t l = 0; l < q.size(); ++l) {
+        const std::string nq = "wq[" + std::to_string(l) + "]", nk = "wk[" + std::to_string(l) + "]";
+        detail::check_outputs_apart({detail::region_of("w", out)},
+                                    {detail::region_of(nq.c_str(), q[l]), detail::region_of(nk.c_str(), k[l])});
+    }
     for (index_t l = 0; l < layers; ++l)
         for (index_t r = 0; r < d; ++r) {
             float* dst = out.data + r * out.strides[0] + l * (nq + nk);

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "attnkit/detail/check.hpp"
-#include "attnkit/detail/overlap.hpp"
+#include "attnkit/detail/memory_overlap.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/view.hpp"
 
@@ -50,9 +50,7 @@ inline embedding_qk_shape check_embedding_projection(const view<const float, 3>&
         fail("qk: expected [B, L, layers * (heads + heads_kv) * dim] = [" + std::to_string(s.batch) + ", " +
              std::to_string(s.len) + ", " + std::to_string(width) + "] for e " + shape_string(e) + " and layout " +
              layout_string(layout) + ", got " + shape_string(qk));
-    if (self_overlapping(qk)) fail("qk: its rows overlap in memory (shape " + shape_string(qk) + ")");
-    if (memory_overlaps(qk, e)) fail("qk: overlaps e in memory (qk " + shape_string(qk) + ", e " + shape_string(e) + ")");
-    if (memory_overlaps(qk, w)) fail("qk: overlaps w in memory (qk " + shape_string(qk) + ", w " + shape_string(w) + ")");
+    check_outputs_apart({region_of("qk", qk)}, {region_of("e", e), region_of("w", w)});
     return s;
 }
 

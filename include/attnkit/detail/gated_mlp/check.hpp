@@ -5,7 +5,7 @@
 #include <string>
 
 #include "attnkit/detail/check.hpp"
-#include "attnkit/detail/overlap.hpp"
+#include "attnkit/detail/memory_overlap.hpp"
 #include "attnkit/view.hpp"
 
 namespace attnkit {
@@ -37,17 +37,9 @@ gated_mlp_shape check_gated_mlp(const view<const float, R>& x, const view<const 
     check_shape("w_up", w_up, {d, m}, "[d_model, m] (the shape of w_gate)");
     check_shape("w_down", w_down, {m, d}, "[m, d_model]");
     check_shape<float, R>("out", out, x.dims, R == 2 ? "[N, d_model] (the shape of x)" : "[B, L, d_model] (the shape of x)");
-    if (self_overlapping(out))
-        fail("out: its rows overlap in memory (shape " + shape_string(out) + ", strides " +
-             shape_string(view<const float, R>(nullptr, out.strides, out.strides)) + ")");
-    const std::pair<const char*, bool> inputs[] = {{"x", memory_overlaps(out, x)},
-                                                   {"w_gate", memory_overlaps(out, w_gate)},
-                                                   {"w_up", memory_overlaps(out, w_up)},
-                                                   {"w_down", memory_overlaps(out, w_down)}};
-    for (const auto& in : inputs)
-        if (in.second)
-            fail(std::string("out: overlaps ") + in.first + " in memory (out " + shape_string(out) +
-                 "); the gated MLP does not work in place");
+    // Rows are written block by block while other blocks still read x: out needs its own memory.
+    check_outputs_apart({region_of("out", out)}, {region_of("x", x), region_of("w_gate", w_gate),
+                                                  region_of("w_up", w_up), region_of("w_down", w_down)});
     index_t rows = 1;
     for (int i = 0; i < R - 1; ++i) rows *= x.dims[i];
     return {rows, d, m};
