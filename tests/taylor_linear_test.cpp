@@ -205,6 +205,34 @@ TEST(taylor_linear, thread_count_determinism) {
         }
 }
 
+// [B, H, L, D] buffers seen as BSHD through strided views: same bits as dense tensors.
+TEST(taylor_linear, strided_views) {
+    const index_t B = 2, L = 90, H = 4, Hk = 2, D = 12;
+    for (const bool causal : {false, true}) {
+        const auto q = random_bshd<float>(B, L, H, D, distribution::gaussian, 61);
+        const auto k = random_bshd<float>(B, L, Hk, D, distribution::gaussian, 62);
+        const auto v = random_bshd<float>(B, L, Hk, D, distribution::gaussian, 63);
+        std::vector<float> qb(static_cast<std::size_t>(q.size())), kb(static_cast<std::size_t>(k.size())),
+            vb(static_cast<std::size_t>(v.size())), ob(static_cast<std::size_t>(q.size()), 7.0f);
+        const auto qs = bhld_as_bshd(qb.data(), B, H, L, D), ks = bhld_as_bshd(kb.data(), B, Hk, L, D);
+        const auto vs = bhld_as_bshd(vb.data(), B, Hk, L, D), os = bhld_as_bshd(ob.data(), B, H, L, D);
+        for_each_index<4>(qs.dims, [&](const std::array<index_t, 4>& i) { at(qs, i) = q(i[0], i[1], i[2], i[3]); });
+        for_each_index<4>(ks.dims, [&](const std::array<index_t, 4>& i) {
+            at(ks, i) = k(i[0], i[1], i[2], i[3]);
+            at(vs, i) = v(i[0], i[1], i[2], i[3]);
+        });
+        taylor_options o;
+        o.causal = causal;
+        const tensor4<float> dense = run_linear(q, k, v, o);
+        attnkit::detail::taylor::linear_forward<arch>(qs, ks, vs, os, o);
+        index_t differ = 0;
+        for_each_index<4>(os.dims, [&](const std::array<index_t, 4>& i) {
+            differ += !(at(os, i) == dense(i[0], i[1], i[2], i[3]));
+        });
+        EXPECT_EQ(0, differ) << (causal ? "causal" : "not causal");
+    }
+}
+
 // NaN in a key propagates to the rows that see it only (causal: that position and later).
 TEST(taylor_linear, nan_key_reaches_only_rows_that_see_it) {
     auto q = random_bshd<float>(1, 150, 1, 8, distribution::uniform, 51);

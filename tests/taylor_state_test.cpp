@@ -203,6 +203,8 @@ TEST(taylor_state, bad_steps_change_nothing) {
     expect_rejected([&] { st.step(q, k_t, v, out); }, "k: expected shape");
     expect_rejected([&] { st.step(q_0, slice(s.k, 0, 0), slice(s.v, 0, 0), out); }, "T >= 1");
     expect_rejected([&] { st.step(q, k, v, out_dv); }, "out: expected shape");
+    tensor4<float> kk = k;  // out overlapping k
+    expect_rejected([&] { st.step(q, kk, v, attnkit::view<float, 4>(kk.data(), {2, 3, 4, 6})); }, "out");
     EXPECT_TRUE(all_equal_to(out, 7.0f));
     EXPECT_TRUE(all_equal_to(out_dv, 7.0f));
     EXPECT_EQ(10, st.length());

@@ -84,6 +84,8 @@ class taylor_state {
              const view<float, 4>& out) {
         const detail::attention_shape s =
             detail::taylor::check_step(q, k, v, out, batch_, heads_, heads_kv_, dim_, dim_v_);
+        // out may be q itself (every row is read before it is written), nothing else.
+        detail::check_attention_memory(q, k, v, out, static_cast<const view<float, 3>*>(nullptr));
         const index_t T = s.len_q;
         parallel_for(pool_, batch_ * heads_kv_, [&](std::int64_t item) { run_item(q, k, v, out, s, item); });
         length_ += T;
