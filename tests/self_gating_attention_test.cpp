@@ -334,10 +334,9 @@ TEST(SelfGatingState, UnevenStepsMatchTheCausalCall) {
     const tensor4<float> k = scaled(random_bshd(B, L, Hk, D, distribution::gaussian, 31), 8.0f);
     const tensor4<float> v = random_bshd(B, L, Hk, Dv, distribution::uniform, 32);
     attnkit::thread_pool pool(2);
-    for (bool with_lengths : {false, true}) {
-        self_gating_options o;
+    {
+        self_gating_options o;  // no key_lengths: a state rejects them (RejectsKeyLengths)
         o.causal = true;
-        if (with_lengths) o.key_lengths = {0, 57};
         const tensor4<double> want = run_reference(q, k, v, o);
         const tensor4<float> call = run_fast(q, k, v, o);
         for (attnkit::thread_pool* tp : {static_cast<attnkit::thread_pool*>(nullptr), &pool}) {
@@ -436,6 +435,99 @@ TEST(SelfGating, BadInputThrowsBeforeWriting) {
     expect_bad(q, k, v, strided_out, none, "contiguous");
     EXPECT_TRUE(all_equal_to(out, 7.0f));
     EXPECT_TRUE(all_equal_to(small, 7.0f));
+}
+
+}  // namespace
+
+// ---- memory: outputs over inputs (DESIGN.md "Errors"; everything softmax rejects) -------------
+
+namespace {
+
+// out laid over k one position further on: row l of out would overwrite k row l + 1 before
+// the scan reads it. Also out over v, and an out that addresses one row many times (stride 0).
+// All must throw before anything is written; out = q (the same view) is allowed, in place.
+TEST(SelfGating, OutputOverlappingAnInputThrowsBeforeWriting) {
+    const index_t B = 1, L = 40, H = 2, D = 8;
+    const tensor4<float> q = random_bshd(B, L, H, D, distribution::gaussian, 70);
+    const tensor4<float> v = random_bshd(B, L, H, D, distribution::gaussian, 71);
+    std::vector<float> kb(static_cast<std::size_t>((L + 1) * H * D));
+    fill_random(kb.data(), kb.size(), distribution::gaussian, 72);
+    const std::vector<float> kb0 = kb;
+    const attnkit::view<const float, 4> k(kb.data(), {B, L, H, D});
+    const attnkit::view<float, 4> out_over_k(kb.data() + H * D, {B, L, H, D});
+    tensor4<float> vcopy = v;
+    for (bool causal : {false, true}) {
+        self_gating_options o;
+        o.causal = causal;
+        EXPECT_THROW(attnkit::self_gating_attention(q, k, v, out_over_k, o), std::invalid_argument);
+        EXPECT_TRUE(kb == kb0);
+        EXPECT_THROW(attnkit::self_gating_attention(q, k, vcopy, vcopy, o), std::invalid_argument);
+        EXPECT_TRUE(bitwise_equal(vcopy, v));
+        tensor4<float> one_row = make_bshd<float>(B, 1, H, D, 7.0f);
+        const attnkit::view<float, 4> repeated(one_row.data(), {B, L, H, D}, {L * H * D, 0, D, 1});
+        EXPECT_THROW(attnkit::self_gating_attention(q, k, v, repeated, o), std::invalid_argument);
+        EXPECT_TRUE(all_equal_to(one_row, 7.0f));
+        EXPECT_THROW(attnkit::reference::self_gating_attention(q, k, v, out_over_k, o), std::invalid_argument);
+        EXPECT_TRUE(kb == kb0);
+    }
+}
+
+TEST(SelfGating, OutEqualToQInPlaceMatches) {
+    const index_t B = 2, L = 333, H = 4, Hk = 2, D = 2 * W + 1;
+    const tensor4<float> q = random_bshd(B, L, H, D, distribution::gaussian, 73);
+    const tensor4<float> k = random_bshd(B, L, Hk, D, distribution::gaussian, 74);
+    const tensor4<float> v = random_bshd(B, L, Hk, D, distribution::gaussian, 75);
+    attnkit::thread_pool pool(3);
+    for (bool causal : {false, true})
+        for (attnkit::thread_pool* tp : {static_cast<attnkit::thread_pool*>(nullptr), &pool}) {
+            self_gating_options o;
+            o.causal = causal;
+            o.pool = tp;
+            const tensor4<float> want = run_fast(q, k, v, o);
+            tensor4<float> x = q;
+            attnkit::self_gating_attention(x, k, v, x, o);
+            EXPECT_TRUE(bitwise_equal(x, want)) << causal;
+            attnkit::self_gating_state st(B, H, Hk, D, D, o);
+            tensor4<float> y = q;
+            if (causal) {
+                st.step(y, k, v, y);
+                EXPECT_TRUE(bitwise_equal(y, want));
+            }
+        }
+}
+
+TEST(SelfGatingState, StepWithOutputOverAnInputThrowsAndChangesNothing) {
+    const index_t B = 1, T = 5, H = 2, D = 8;
+    const tensor4<float> q = random_bshd(B, 2 * T, H, D, distribution::gaussian, 76);
+    const tensor4<float> k = random_bshd(B, 2 * T, H, D, distribution::gaussian, 77);
+    tensor4<float> v = random_bshd(B, 2 * T, H, D, distribution::gaussian, 78);
+    attnkit::self_gating_state st(B, H, H, D, D), fresh(B, H, H, D, D);
+    tensor4<float> o1 = make_bshd<float>(B, T, H, D), o2 = o1;
+    st.step(rows(q, 0, T), rows(k, 0, T), rows(v, 0, T), o1);
+    fresh.step(rows(q, 0, T), rows(k, 0, T), rows(v, 0, T), o2);
+    tensor4<float> vt = rows(v, T, T);
+    const tensor4<float> vt0 = vt;
+    EXPECT_THROW(st.step(rows(q, T, T), rows(k, T, T), vt, vt), std::invalid_argument);
+    EXPECT_TRUE(bitwise_equal(vt, vt0));
+    EXPECT_EQ(st.length(), T);
+    st.step(rows(q, T, T), rows(k, T, T), vt, o1);
+    fresh.step(rows(q, T, T), rows(k, T, T), vt, o2);
+    EXPECT_TRUE(bitwise_equal(o1, o2));
+}
+
+// A state holds exactly the tokens appended to it, and each new query sees all of them (the
+// taylor_state contract, DESIGN.md): key_lengths, an absolute-position cut, would silently mask
+// every decode token of a right-padded item, so a state rejects them, as taylor_state does.
+TEST(SelfGatingState, RejectsKeyLengths) {
+    self_gating_options o;
+    o.causal = true;
+    o.key_lengths = {3, 4};
+    try {
+        attnkit::self_gating_state st(2, 2, 1, 8, 8, o);
+        ADD_FAILURE() << "no throw";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("key_lengths"), std::string::npos) << e.what();
+    }
 }
 
 }  // namespace

@@ -18,7 +18,8 @@
 // bitwise identical for any thread count.
 //
 // Arguments are attnkit::view, row-major Eigen::Tensor or Eigen::TensorMap of float, validated
-// before anything is written.
+// before anything is written. out must not overlap k, v or itself; out = q (the same view,
+// D == Dv) runs in place.
 #pragma once
 
 #include <type_traits>
@@ -95,8 +96,9 @@ void self_gating_attention(const Q& q, const K& k, const V& v, O&& out, const se
 // token appended so far. step(q, k, v, out) appends T >= 1 tokens (q [B,T,H,D], k [B,T,Hk,D],
 // v [B,T,Hk,Dv], out [B,T,H,Dv]); each new row sees every token before it and itself, so one
 // step over a whole prompt equals the causal call (bitwise: it runs the same schedule), and
-// steps of any sizes agree with it to rounding. opts.key_lengths (one per batch item) masks the
-// tokens at absolute positions >= key_lengths[b]; opts.causal is ignored (a state is causal).
+// steps of any sizes agree with it to rounding. opts.key_lengths must be empty (as for
+// taylor_state: a state holds exactly the tokens appended, each new query sees all of them);
+// opts.causal is ignored (a state is causal).
 // A step whose shapes differ from the constructor's throws std::invalid_argument and changes
 // neither out nor the state.
 class self_gating_state {

@@ -37,12 +37,16 @@ attention_shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const vie
              " and k " + shape_string(k));
     check_out("out", out, s);
     check_options(opts, s);
+    // out over k or v (or over itself) would overwrite tokens before the scan reads them; out = q,
+    // the same view, is fine: a query row is read before the output row at its address is written.
+    check_attention_memory(q, k, v, out, static_cast<const view<float, 3>*>(nullptr));
     return s;
 }
 
-// The fixed sizes of a self_gating_state, checked at construction. key_lengths (one per batch
-// item, >= 0) masks the tokens at absolute positions >= key_lengths[b] of item b, as the causal
-// call does; there is no upper bound since the state has no fixed length.
+// The fixed sizes of a self_gating_state, checked at construction. key_lengths must be empty,
+// as for taylor_state: a state holds exactly the tokens appended to it and each new query sees
+// all of them. (An absolute-position cut would silently mask every decode token of an item
+// whose prompt was right-padded: its outputs would stay the mean of its prompt forever.)
 inline void check_state_sizes(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v,
                               const self_gating_options& opts) {
     const std::string got = "batch " + std::to_string(batch) + ", heads " + std::to_string(heads) +
@@ -52,15 +56,9 @@ inline void check_state_sizes(index_t batch, index_t heads, index_t heads_kv, in
         fail("self_gating_state: expected batch >= 0 and heads, heads_kv, dim, dim_v >= 1, got " + got);
     if (heads % heads_kv != 0) fail("self_gating_state: heads must be a multiple of heads_kv, got " + got);
     check_scale(opts.scale);
-    if (!opts.key_lengths.empty()) {
-        if (static_cast<index_t>(opts.key_lengths.size()) != batch)
-            fail("opts.key_lengths: expected one per batch item, B = " + std::to_string(batch) + ", got " +
-                 std::to_string(opts.key_lengths.size()));
-        for (std::size_t b = 0; b < opts.key_lengths.size(); ++b)
-            if (opts.key_lengths[b] < 0)
-                fail("opts.key_lengths[" + std::to_string(b) + "]: expected >= 0, got " +
-                     std::to_string(opts.key_lengths[b]));
-    }
+    if (!opts.key_lengths.empty())
+        fail("self_gating_state: opts.key_lengths must be empty (a state holds exactly the tokens appended, "
+             "each new query sees all of them), got " + std::to_string(opts.key_lengths.size()) + " lengths");
 }
 
 // One state step: q [B,T,H,D], k [B,T,Hk,D], v [B,T,Hk,Dv], out [B,T,H,Dv] with T >= 1 and the
@@ -79,6 +77,7 @@ attention_shape check_step(const view<TQ, 4>& q, const view<TK, 4>& k, const vie
     check_shape("v", v, {batch, T, heads_kv, dim_v}, "[B, T, Hk, Dv] of the state");
     const attention_shape s = check_qkv(q, k, v);
     check_out("out", out, s);
+    check_attention_memory(q, k, v, out, static_cast<const view<float, 3>*>(nullptr));
     return s;
 }
 
