@@ -93,4 +93,31 @@ TEST(RmsNorm, RejectsBadArguments) {
     EXPECT_TRUE(all_equal_to(out, 5.0f));  // nothing written after a throw
 }
 
+// out over x one row further on (threads would race and rows would be normalised twice), out
+// addressing one row many times, and out over the weight: rejected before anything is written.
+// out = x itself stays allowed (Rank3StridedAndInPlace).
+TEST(RmsNorm, RejectsOutputOverlappingInputs) {
+    const index_t N = 40, d = 8;
+    std::vector<float> buf(static_cast<std::size_t>((N + 1) * d));
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = 0.5f + static_cast<float>(i % 7);
+    const std::vector<float> buf0 = buf;
+    tensor1 w(d);
+    w.setConstant(1.0f);
+    attnkit::thread_pool pool(2);
+    const attnkit::view<const float, 2> x(buf.data(), {N, d});
+    const attnkit::view<float, 2> shifted(buf.data() + d, {N, d});
+    EXPECT_THROW(attnkit::model::rms_norm(x, w, shifted, 1e-6f, &pool), std::invalid_argument);
+    EXPECT_TRUE(buf == buf0);
+    tensor2 x2(N, d), one_row(1, d);
+    x2.setConstant(2.0f);
+    one_row.setConstant(5.0f);
+    const attnkit::view<float, 2> repeated(one_row.data(), {N, d}, {0, 1});
+    EXPECT_THROW(attnkit::model::rms_norm(x2, w, repeated), std::invalid_argument);
+    EXPECT_TRUE(all_equal_to(one_row, 5.0f));
+    const attnkit::view<float, 2> over_w(w.data(), {1, d});
+    EXPECT_THROW(attnkit::model::rms_norm(attnkit::view<const float, 2>(x2.data(), {1, d}), w, over_w),
+                 std::invalid_argument);
+    EXPECT_TRUE(all_equal_to(w, 1.0f));
+}
+
 }  // namespace

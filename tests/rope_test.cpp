@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <stdexcept>
 
 #include "attnkit/reference/model/rope.hpp"
@@ -94,6 +96,24 @@ TEST(Rope, RejectsBadArguments) {
     EXPECT_THROW(attnkit::model::rope(x, o), std::invalid_argument);
     o.theta = 10000.0f;
     o.position_offset = -1;
+    EXPECT_THROW(attnkit::model::rope(x, o), std::invalid_argument);
+    EXPECT_TRUE(all_equal_to(x, 1.0f));
+}
+
+// A view that reaches one row through several indices (a zero stride) would rotate that row
+// several times (and race between threads): rejected, nothing written. Positions past int64
+// are rejected too.
+TEST(Rope, RejectsSelfOverlappingViewAndPositionOverflow) {
+    tensor4<float> one = make_bshd<float>(1, 1, 1, 4, 1.0f);
+    const attnkit::view<float, 4> repeated(one.data(), {1, 1, 3, 4}, {4, 4, 0, 1});
+    EXPECT_THROW(attnkit::model::rope(repeated), std::invalid_argument);
+    const attnkit::view<float, 4> repeated_rows(one.data(), {1, 5, 1, 4}, {4, 0, 4, 1});
+    attnkit::model::rope_options o;
+    o.position_offset = 1;
+    EXPECT_THROW(attnkit::model::rope(repeated_rows, o), std::invalid_argument);
+    EXPECT_TRUE(all_equal_to(one, 1.0f));
+    tensor4<float> x = make_bshd<float>(1, 3, 1, 4, 1.0f);
+    o.position_offset = std::numeric_limits<std::int64_t>::max() - 1;
     EXPECT_THROW(attnkit::model::rope(x, o), std::invalid_argument);
     EXPECT_TRUE(all_equal_to(x, 1.0f));
 }

@@ -4,7 +4,7 @@
 //
 //   attnkit::model::rms_norm(x, weight, out, eps[, pool]);
 //   x and out [N, d] or [B, L, d] (same shape; out may be x itself: the row is read before it
-//   is written), weight [d], eps > 0 and finite. The sum of squares runs in float over
+//   is written; any other overlap is rejected), weight [d], eps > 0 and finite. The sum of squares runs in float over
 //   SIMD lanes and then in double across lanes, so a row of 10^4 values keeps float accuracy.
 #pragma once
 
@@ -78,6 +78,11 @@ void rms_norm_impl(const X& x_in, const Wt& w_in, O&& out_in, float eps, thread_
         attnkit::detail::fail("out: expected the shape of x " + shape_string(x) + ", got " + shape_string(out));
     if (!(eps > 0.0f) || !std::isfinite(eps))
         attnkit::detail::fail("eps: expected a finite value > 0, got " + std::to_string(eps));
+    // out = x (the same view) is in place; any other overlap with x, the weight or itself would
+    // normalise rows twice or race between threads.
+    attnkit::detail::check_outputs_apart(
+        {attnkit::detail::in_place(attnkit::detail::region_of("out", out), 1)},
+        {attnkit::detail::in_place(attnkit::detail::region_of("x", x), 1), attnkit::detail::region_of("weight", w)});
     const index_t rows = rows_of(x);
     if (rows == 0 || d == 0) return;
     constexpr index_t kRowsPerTask = 16;

@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -47,6 +48,11 @@ void rope(X&& x_in, const rope_options& o = {}) {
         attnkit::detail::fail("opts.theta: expected a finite value > 1, got " + std::to_string(o.theta));
     if (o.position_offset < 0)
         attnkit::detail::fail("opts.position_offset: expected >= 0, got " + std::to_string(o.position_offset));
+    if (L > 0 && o.position_offset > std::numeric_limits<std::int64_t>::max() - L)
+        attnkit::detail::fail("opts.position_offset: " + std::to_string(o.position_offset) + " + L = " +
+                              std::to_string(L) + " overflows int64");
+    // A row reached through several indices (a zero stride) would be rotated several times.
+    attnkit::detail::check_outputs_apart({attnkit::detail::region_of("x", x)}, {});
     const index_t half = D / 2;
     if (B == 0 || L == 0 || H == 0 || D == 0) return;
 
