@@ -134,7 +134,7 @@ TEST(Decoder, ProfileCountsKernelsAndGemms) {
 namespace {
 
 TEST(Decoder, AttentionWeightsFeedTheDiagnostics) {
-    for (const char* var : {"standard", "taylor", "self_gating", "fixed_seq_qk", "mta", "mlp"}) {
+    for (const char* var : {"standard", "taylor", "self_gating", "rnd_emb_qk", "fixed_seq_qk", "embedding_qk", "mta", "mlp"}) {
         SCOPED_TRACE(var);
         decoder m(small_config(parse_attention_variant(var), "bilateral"));
         const auto p = prompt(12);
