@@ -129,11 +129,23 @@ def summary(runs, label):
         text.append("### %s, 1 thread: time in ms (fastest last)\n\n" % kind.capitalize())
         text.append(table([title] + variants + ["fastest"], rows) + "\n")
         for var in ("taylor", "static_qk", "self_gating", "mta"):
-            wins = [size for size in sorted(grid) if var in grid[size] and "softmax" in grid[size]
-                    and grid[size][var] < grid[size]["softmax"]]
-            if any(var in grid[s] for s in grid):
-                where = ("from %s = %d on" % (title, wins[0])) if wins else "at no measured %s" % title
-                text.append("- %s is faster than softmax %s.\n" % (var, where))
+            sizes = [s for s in sorted(grid) if var in grid[s] and "softmax" in grid[s]]
+            if not sizes:
+                continue
+            # The crossover: the smallest size from which the variant wins at every larger size.
+            cross = None
+            for s in reversed(sizes):
+                if grid[s][var] < grid[s]["softmax"]:
+                    cross = s
+                else:
+                    break
+            if cross is None:
+                where = "at no measured %s up to %d" % (title, sizes[-1])
+            elif cross == sizes[0]:
+                where = "at every measured %s (%d to %d)" % (title, sizes[0], sizes[-1])
+            else:
+                where = "from %s = %d on (up to %d measured)" % (title, cross, sizes[-1])
+            text.append("- %s is faster than softmax %s.\n" % (var, where))
         text.append("\n")
     # Decoder schedules relative to the all-standard model.
     dec = defaultdict(dict)
@@ -218,6 +230,10 @@ def main(argv):
         written.append(p)
     for w in written:
         print(w)
+    empty = [w for w in written if os.path.getsize(w) == 0]
+    if empty:
+        print("empty output: " + ", ".join(empty), file=sys.stderr)
+        return 1
     return 0 if written else 1
 
 
