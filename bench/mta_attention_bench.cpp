@@ -173,6 +173,7 @@ void materialised_mta(const layer& x, tensor4& out, attnkit::thread_pool* pool) 
 void run_case(benchmark::State& state, family f, index_t L, index_t D, int threads) {
     const layer x(L, 16, D);
     tensor4 out(1, L, 16, D);
+    out.setZero();  // fault the output's pages in now: they are not the kernel's memory
     std::unique_ptr<attnkit::thread_pool> pool;
     if (threads > 1) pool = std::make_unique<attnkit::thread_pool>(static_cast<std::size_t>(threads));
     attnkit::mta_options o = options_for(x, f);
