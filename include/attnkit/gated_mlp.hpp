@@ -47,10 +47,11 @@ struct mlp_segment {
     matrix_ref<float> out;
 };
 
-// Rows per block, a function of the segment's rows only (never of the thread count). 256 rows
-// amortise the re-packing of the three weights (d_model m floats each per block) to about 1%
-// of the block's 6 rows d_model m FLOPs; a short input is cut into up to 8 blocks of >= 32 rows
-// so that two or three threads still share it.
+// Rows per block, a function of the segment's rows only (never of the thread count). Each block
+// re-packs the three weights (3 d_model m floats, read from L3 or DRAM) for its 6 rows d_model m
+// FLOPs: at 256 rows that is one float per 512 FLOPs, a few percent of the block's time; 128 and
+// 512 rows measured slower (more re-packing; intermediates falling out of cache). A short
+// input is cut into up to 8 blocks of >= 32 rows so that two or three threads still share it.
 constexpr index_t kMlpMaxBlockRows = 256;
 inline index_t gated_mlp_block_rows(index_t rows) {
     index_t r = (rows + 7) / 8;
