@@ -170,4 +170,24 @@ TEST(Decoder, AttentionWeightsFeedTheDiagnostics) {
     }
 }
 
+// Self-gating's query is SiLU(W_Q n) (Xue et al.), and RoPE rotates q_j and k_j of the same
+// position by the same angle, so the gate <RoPE(SiLU(W_Q n_j)), RoPE(k_j)> = <SiLU(W_Q n_j), k_j>
+// does not depend on RoPE at all: an all-self-gating model must give the same weights for any
+// rope_theta. (SiLU applied after RoPE would make the gate depend on the position's angle.)
+TEST(Decoder, SelfGatingQueryIsSiluBeforeRope) {
+    decoder_config a = small_config(attention_variant::self_gating, "uniform"), b = a;
+    a.rope_theta = 1e4f;
+    b.rope_theta = 1e6f;
+    decoder ma(a), mb(b);
+    const auto p = prompt(30);
+    const auto wa = ma.attention_weights(p), wb = mb.attention_weights(p);
+    ASSERT_EQ(wa.size(), wb.size());
+    for (std::size_t l = 0; l < wa.size(); ++l) {
+        ASSERT_EQ(wa[l].size(), wb[l].size());
+        double diff = 0;
+        for (index_t i = 0; i < wa[l].size(); ++i) diff = std::max(diff, std::fabs(wa[l].data()[i] - wb[l].data()[i]));
+        EXPECT_LE(diff, 1e-6) << "layer " << l;
+    }
+}
+
 }  // namespace

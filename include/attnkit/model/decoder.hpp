@@ -11,7 +11,8 @@
 // x += SwiGLU(RMSNorm(x)); final RMSNorm and the output projection tied to the embedding.
 // Layer kinds (decoder_config.hpp): standard keeps a KV cache; taylor, self_gating and mta keep
 // their decode states (prefill runs through the state, which equals the full causal call);
-// self-gating's query is SiLU(Wq . n) as in the paper; rnd_emb_qk / fixed_seq_qk take Q and K
+// self-gating's query is SiLU(Wq . n) as in the paper, taken before RoPE (which then leaves its
+// gate <q_j, k_j> unchanged); rnd_emb_qk / fixed_seq_qk take Q and K
 // from the fixed stream (random embeddings, or the embeddings of one token sequence) that the
 // constructor runs once through the model (every layer as standard attention), keeping a value
 // cache and a static_attention_map for decode; embedding_qk takes Q and K of all its layers from
@@ -230,16 +231,19 @@ class decoder {
             } else {
                 project(s.h.data(), T, l.wq, s.q.data());
                 project(s.h.data(), T, l.wk, s.k.data());
+                // The paper's self-gating query is SiLU(H W_Q), before RoPE: RoPE then rotates q_j
+                // and k_j alike and leaves the gate <q_j, k_j> as the paper has it (SiLU after
+                // RoPE would make the gate depend on the position's angle).
+                if (l.kind == attention_variant::self_gating && !stream)
+                    timed(prof_.other, [&] {
+                        for (index_t i = 0; i < T * H * D; ++i) q.data[i] = q.data[i] / (1.0f + std::exp(-q.data[i]));
+                    });
                 timed(prof_.kernels, [&] {
                     rope_options ro{c_.rope_theta, pos, c_.pool};
                     rope(q, ro);
                     rope(k, ro);
                 });
             }
-            if (l.kind == attention_variant::self_gating && !stream)
-                timed(prof_.other, [&] {  // the paper's self-gating query is SiLU(H W_Q)
-                    for (index_t i = 0; i < T * H * D; ++i) q.data[i] = q.data[i] / (1.0f + std::exp(-q.data[i]));
-                });
             if (capture_ && !stream) (*capture_)[static_cast<std::size_t>(l.index)] = l.reference_weights(c_, q, k, v);
             timed(prof_.kernels, [&] { l.attend(c_, q, k, v, att, pos, stream); });
             project(s.att.data(), T, l.wo, s.a.data());
