@@ -531,3 +531,16 @@ TEST(SelfGatingState, RejectsKeyLengths) {
 }
 
 }  // namespace
+
+namespace {
+
+// Sizes whose state (B * H * Dv floats) does not fit in int64 are argument errors, not an
+// overflowed allocation size.
+TEST(SelfGatingState, HugeSizesAreArgumentErrors) {
+    const index_t big = std::numeric_limits<index_t>::max() / 4;
+    EXPECT_THROW(attnkit::self_gating_state(big, 8, 8, 8, 8), std::invalid_argument);
+    EXPECT_THROW(attnkit::self_gating_state(2, big, 1, 8, 8), std::invalid_argument);
+    EXPECT_THROW(attnkit::self_gating_state(1, 2, 1, 8, big), std::invalid_argument);
+}
+
+}  // namespace

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,12 @@ inline void check_state_sizes(index_t batch, index_t heads, index_t heads_kv, in
     if (batch < 0 || heads < 1 || heads_kv < 1 || dim < 1 || dim_v < 1)
         fail("self_gating_state: expected batch >= 0 and heads, heads_kv, dim, dim_v >= 1, got " + got);
     if (heads % heads_kv != 0) fail("self_gating_state: heads must be a multiple of heads_kv, got " + got);
+    // The state is B * H * Dv floats (Dv rounded up to a vector, at most 64 more): its size in
+    // bytes must be a number.
+    index_t bh = 0, elems = 0, bytes = 0;
+    if (!mul_fits(batch, heads, bh) || dim_v > std::numeric_limits<index_t>::max() - 64 ||
+        !mul_fits(bh, dim_v + 64, elems) || !mul_fits(elems, index_t(sizeof(float)), bytes))
+        fail("self_gating_state: the state of " + got + " overflows int64 bytes");
     check_scale(opts.scale);
     if (!opts.key_lengths.empty())
         fail("self_gating_state: opts.key_lengths must be empty (a state holds exactly the tokens appended, "
