@@ -1,4 +1,4 @@
-// Tests of the SIMD layer (attnkit/simd/simd.hpp, attnkit/simd/xsimd_compat.hpp).
+// Tests of the SIMD layer (attnkit/simd/simd.hpp, convert.hpp, xsimd_compat.hpp).
 //
 // Every test is a typed test over the architecture tag: simd::default_arch (whatever the compile
 // flags select: SSE2, AVX2, AVX-512, NEON, or scalar under ATTNKIT_SIMD_SCALAR) and
@@ -6,6 +6,7 @@
 // derived from W = kLanes<A>, so the same file holds for -march=x86-64, haswell, skylake-avx512,
 // native and the scalar build.
 #include "attnkit/simd/simd.hpp"
+#include "attnkit/simd/convert.hpp"
 
 #include <gtest/gtest.h>
 
@@ -756,6 +757,114 @@ TYPED_TEST(Simd, TanhSpecialValues) {
     const auto yp = map_lanes<A>(xs, f);
     const auto yn = map_lanes<A>(neg, f);
     for (std::size_t i = 0; i < xs.size(); ++i) ASSERT_EQ(yp[i], -yn[i]) << "x = " << xs[i];
+}
+
+// ---- 16-bit storage loads (attnkit/simd/convert.hpp) ---------------------------------------
+// Every one of the 65536 bit patterns of bfloat16 and of half, through the vector loads at every
+// lane position, the partial loads and convert_row, against conversions written here from the
+// formats' definitions (sign, exponent, fraction; in double). Both formats are subsets of float,
+// so every result must be exact: compared bitwise, NaN as NaN.
+
+double bf16_bits_to_double(std::uint16_t h) {
+    const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;  // bfloat16 is float's top half
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    return static_cast<double>(f);
+}
+double half_bits_to_double(std::uint16_t h) {
+    const int sign = (h >> 15) & 1, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    double x;
+    if (e == 0) x = std::ldexp(static_cast<double>(m), -24);  // zero, subnormal
+    else if (e == 31) x = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+    else x = std::ldexp(static_cast<double>(m + 1024), e - 25);
+    return sign ? -x : x;
+}
+
+template <class T>
+double bits_to_double(std::uint16_t h) {
+    return std::is_same<T, Eigen::half>::value ? half_bits_to_double(h) : bf16_bits_to_double(h);
+}
+
+template <class T>
+std::vector<T> all_patterns() {
+    std::vector<T> v(65536 + 64);  // slack for loads starting near the end
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        const std::uint16_t b = static_cast<std::uint16_t>(i);
+        std::memcpy(static_cast<void*>(&v[i]), &b, sizeof(b));
+    }
+    return v;
+}
+
+template <class A, class T>
+void expect_exact_loads() {
+    constexpr index_t W = simd::kLanes<A>;
+    const std::vector<T> src = all_patterns<T>();
+    auto expect_lane = [](float got, std::size_t i) {
+        const double want = bits_to_double<T>(static_cast<std::uint16_t>(i));
+        if (std::isnan(want)) {
+            ASSERT_TRUE(std::isnan(got)) << "pattern 0x" << std::hex << i << " gave " << got;
+        } else {
+            ASSERT_EQ(static_cast<double>(got), want) << "pattern 0x" << std::hex << i;
+            ASSERT_EQ(std::signbit(got), std::signbit(want)) << "sign of pattern 0x" << std::hex << i;
+        }
+    };
+    // Offsets 0 .. W-1 so that every pattern passes through every lane.
+    for (index_t off = 0; off < W; ++off) {
+        float out[64];
+        for (std::size_t i = static_cast<std::size_t>(off); i + static_cast<std::size_t>(W) <= 65536; i += W) {
+            simd::storeu(out, simd::load_float<A>(src.data() + i));
+            for (index_t u = 0; u < W; ++u) expect_lane(out[u], i + static_cast<std::size_t>(u));
+        }
+    }
+    // Partial loads: n < W lanes, the rest zero, nothing read past p + n (a guard pattern there
+    // would show up as a lane that is not zero).
+    std::vector<T> guarded(static_cast<std::size_t>(2 * W));
+    for (index_t n = 0; n < W; ++n)
+        for (std::size_t i = 0; i + static_cast<std::size_t>(W) <= 65536; i += 977) {
+            for (index_t u = 0; u < 2 * W; ++u) {
+                const std::uint16_t b = u < n ? static_cast<std::uint16_t>(i + static_cast<std::size_t>(u)) : 0x7f80;
+                std::memcpy(static_cast<void*>(&guarded[static_cast<std::size_t>(u)]), &b, sizeof(b));
+            }
+            float out[64];
+            simd::storeu(out, simd::load_float_partial<A>(guarded.data(), n));
+            for (index_t u = 0; u < n; ++u) expect_lane(out[u], i + static_cast<std::size_t>(u));
+            for (index_t u = n; u < W; ++u) ASSERT_EQ(out[u], 0.0f) << "lane " << u << " of a partial load of " << n;
+        }
+    // convert_row over lengths around the lane width, and to_float.
+    for (index_t n : {index_t(1), W - 1, W, W + 1, 3 * W + 2, index_t(13), index_t(257)}) {
+        if (n <= 0) continue;
+        std::vector<float> dst(static_cast<std::size_t>(n) + 1, kGuard);
+        simd::convert_row<A>(src.data() + 1000, dst.data(), n);
+        for (index_t i = 0; i < n; ++i) expect_lane(dst[static_cast<std::size_t>(i)], 1000 + static_cast<std::size_t>(i));
+        ASSERT_EQ(dst[static_cast<std::size_t>(n)], kGuard) << "convert_row wrote past n = " << n;
+    }
+    for (std::size_t i = 0; i < 65536; ++i) expect_lane(simd::to_float(src[i]), i);
+}
+
+TYPED_TEST(Simd, Bfloat16LoadsAreExactForEveryPattern) { expect_exact_loads<TypeParam, Eigen::bfloat16>(); }
+TYPED_TEST(Simd, HalfLoadsAreExactForEveryPattern) { expect_exact_loads<TypeParam, Eigen::half>(); }
+
+TYPED_TEST(Simd, HsumEachReducesEveryVector) {
+    using A = TypeParam;
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    std::mt19937 gen(7);
+    std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+    for (int trial = 0; trial < 200; ++trial) {
+        float x[64 * 64];
+        V v[64];
+        for (index_t i = 0; i < W; ++i) {
+            for (index_t l = 0; l < W; ++l) x[i * W + l] = u(gen);
+            v[i] = simd::loadu<A>(x + i * W);
+        }
+        float out[64];
+        simd::storeu(out, simd::hsum_each(v));
+        for (index_t i = 0; i < W; ++i) {
+            double want = 0, mag = 0;
+            for (index_t l = 0; l < W; ++l) want += x[i * W + l], mag += std::fabs(x[i * W + l]);
+            ASSERT_NEAR(out[i], want, kHsumTolPerLane * W * kEps * mag) << "vector " << i;
+        }
+    }
 }
 
 }  // namespace

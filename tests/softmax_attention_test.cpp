@@ -47,6 +47,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/compare.hpp"
@@ -547,6 +548,119 @@ INSTANTIATE_TEST_SUITE_P(softmax_attention, sweep, ::testing::ValuesIn(all_cases
                              return info.param.sweep + "_" + std::to_string(info.index) + "_" +
                                     info.param.describe();
                          });
+
+// ---- bfloat16 / half storage -----------------------------------------------------------------
+// Every sweep case again with K and V (and, for bfloat16, also Q) stored in 16 bits. The
+// reference reads the same stored values (widened to double exactly), so the kernel is held to
+// the float tolerances: conversion in the loads is exact, and compute is float either way.
+enum class storage { bf16_kv, f16_kv, bf16_qkv };
+
+const char* storage_name(storage st) {
+    switch (st) {
+        case storage::bf16_kv: return "bf16_kv";
+        case storage::f16_kv: return "f16_kv";
+        case storage::bf16_qkv: return "bf16_qkv";
+    }
+    return "?";
+}
+
+// Element by element (Eigen's vectorised cast would pull its own AVX-512 conversion code into
+// the test, with GCC 12's false -Wmaybe-uninitialized in it).
+template <class T>
+tensor4<T> stored_as(const tensor4<float>& x) {
+    tensor4<T> y(x.dimensions());
+    for (index_t i = 0; i < x.size(); ++i) y.data()[i] = T(x.data()[i]);
+    return y;
+}
+template <class T>
+tensor4<float> widened(const tensor4<T>& x) {
+    tensor4<float> y(x.dimensions());
+    for (index_t i = 0; i < x.size(); ++i) y.data()[i] = static_cast<float>(x.data()[i]);
+    return y;
+}
+
+// The kernel on (q, k, v) of storage st against the reference on the same stored values.
+template <class T>
+void check_storage(const tensor4<float>& q32, const tensor4<float>& k32, const tensor4<float>& v32,
+                   const softmax_options& o, bool q_too) {
+    const tensor4<T> k = stored_as<T>(k32), v = stored_as<T>(v32), qt = stored_as<T>(q32);
+    const tensor4<float> kf = widened(k), vf = widened(v), qf = q_too ? widened(qt) : q32;
+    fast_result got = outputs_for<float>(q32, v32, kNaN);
+    ref_result want = outputs_for<double>(q32, v32, 0.0);
+    if (q_too) {
+        attnkit::softmax_attention(qt, k, v, got.out, got.lse, o);
+        attnkit::reference::softmax_attention(qt, k, v, want.out, want.lse, o);
+    } else {
+        attnkit::softmax_attention(q32, k, v, got.out, got.lse, o);
+        attnkit::reference::softmax_attention(q32, k, v, want.out, want.lse, o);
+    }
+    EXPECT_TRUE(all_close(got.out, want.out, out_tolerance(qf, kf, vf, o))) << "out";
+    EXPECT_TRUE(all_close(got.lse, want.lse, lse_tolerance(qf, kf, o))) << "lse";
+    // The same values in float storage give the same result to within rounding of the order of
+    // summation only: the conversion itself is exact.
+    const fast_result as_float = run_fast(qf, kf, vf, o);
+    EXPECT_TRUE(all_close(got.out, as_float.out, out_tolerance(qf, kf, vf, o))) << "out vs float storage";
+}
+
+class sweep_storage : public ::testing::TestWithParam<std::tuple<attn_case, storage>> {};
+
+TEST_P(sweep_storage, matches_reference_on_stored_values) {
+    const attn_case& c = std::get<0>(GetParam());
+    const storage st = std::get<1>(GetParam());
+    const tensor4<float> q = random_bshd(c.B, c.Lq, c.H, c.D, c.dist, c.seed * 3 + 0);
+    const tensor4<float> k = random_bshd(c.B, c.Lk, c.Hk, c.D, c.dist, c.seed * 3 + 1);
+    const tensor4<float> v = random_bshd(c.B, c.Lk, c.Hk, c.Dv, c.dist, c.seed * 3 + 2);
+    const softmax_options o = c.options();
+    if (st == storage::f16_kv)
+        check_storage<Eigen::half>(q, k, v, o, false);
+    else
+        check_storage<Eigen::bfloat16>(q, k, v, o, st == storage::bf16_qkv);
+}
+
+INSTANTIATE_TEST_SUITE_P(softmax_attention, sweep_storage,
+                         ::testing::Combine(::testing::ValuesIn(all_cases()),
+                                            ::testing::Values(storage::bf16_kv, storage::f16_kv,
+                                                              storage::bf16_qkv)),
+                         [](const ::testing::TestParamInfo<std::tuple<attn_case, storage>>& info) {
+                             const attn_case& c = std::get<0>(info.param);
+                             return std::string(storage_name(std::get<1>(info.param))) + "_" + c.sweep +
+                                    "_" + std::to_string(info.index) + "_" + c.describe();
+                         });
+
+// Threads and layouts with 16-bit storage: views over a [B, H, L, D] half buffer equal the
+// dense tensors bitwise, and 1, 2 and 3 threads agree bitwise (row kernel with split-KV, and
+// the tile kernel).
+TEST(softmax_attention, half_storage_views_and_threads_are_bitwise_stable) {
+    for (index_t Lq : {1, 40}) {
+        const index_t B = 2, Lk = 1500, H = 4, Hk = 2, D = 24;
+        const tensor4<float> q = random_bshd(B, Lq, H, D, distribution::gaussian, 11);
+        const tensor4<Eigen::half> k = stored_as<Eigen::half>(random_bshd(B, Lk, Hk, D, distribution::gaussian, 12));
+        const tensor4<Eigen::half> v = stored_as<Eigen::half>(random_bshd(B, Lk, Hk, D, distribution::gaussian, 13));
+        softmax_options o;
+        o.causal = true;
+        tensor4<float> base = make_bshd<float>(B, Lq, H, D, kNaN);
+        attnkit::softmax_attention(q, k, v, base, o);
+        for (int t : {1, 2, 3}) {
+            attnkit::thread_pool pool(static_cast<std::size_t>(t));
+            o.pool = &pool;
+            tensor4<float> out = make_bshd<float>(B, Lq, H, D, kNaN);
+            attnkit::softmax_attention(q, k, v, out, o);
+            EXPECT_TRUE(bitwise_equal(out, base)) << "threads " << t << ", Lq " << Lq;
+        }
+        o.pool = nullptr;
+        // [B, H, L, D] storage seen through a view.
+        Eigen::Tensor<Eigen::half, 4, Eigen::RowMajor> kb(B, Hk, Lk, D), vb(B, Hk, Lk, D);
+        for (index_t b = 0; b < B; ++b)
+            for (index_t j = 0; j < Lk; ++j)
+                for (index_t h = 0; h < Hk; ++h)
+                    for (index_t d = 0; d < D; ++d) kb(b, h, j, d) = k(b, j, h, d), vb(b, h, j, d) = v(b, j, h, d);
+        const view<const Eigen::half, 4> kv(kb.data(), {B, Lk, Hk, D}, {Hk * Lk * D, D, Lk * D, 1});
+        const view<const Eigen::half, 4> vv(vb.data(), {B, Lk, Hk, D}, {Hk * Lk * D, D, Lk * D, 1});
+        tensor4<float> out = make_bshd<float>(B, Lq, H, D, kNaN);
+        attnkit::softmax_attention(q, kv, vv, out, o);
+        EXPECT_TRUE(bitwise_equal(out, base)) << "bhld view, Lq " << Lq;
+    }
+}
 
 // White-box guard on the sweep itself: with this build's SIMD width it must reach the row
 // kernel and the tile kernel, each with and without split-KV, several query blocks and several

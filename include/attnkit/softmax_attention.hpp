@@ -24,8 +24,10 @@ constexpr bool kIsTensorArg = tensor_traits<std::decay_t<X>>::kIsTensorish;
 template <class A, class TQ, class TK, class TV>
 void softmax_attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
                             const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
-    static_assert(std::is_same<TQ, float>::value && std::is_same<TK, float>::value && std::is_same<TV, float>::value,
-                  "attnkit::softmax_attention: q, k and v must be float tensors (out and lse float)");
+    static_assert(simd::kIsStorageType<TK> && std::is_same<TK, TV>::value &&
+                      (std::is_same<TQ, float>::value || std::is_same<TQ, TK>::value),
+                  "attnkit::softmax_attention: k and v must be float, Eigen::bfloat16 or Eigen::half tensors of one "
+                  "type, q float or that type (out and lse float)");
     const attention_shape s = check_qkv(q, k, v);
     // Mask bounds are compared to key indices in float lanes, exact below 2^24.
     if (s.len_k >= (index_t(1) << 24))

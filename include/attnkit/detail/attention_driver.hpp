@@ -48,18 +48,23 @@ struct forward_plan {
     }
 };
 
-// allow_row_path: the policy has a row kernel; n_sets value sets share each row block, so its
-// O^T panels take n_sets * Dv floats per row.
+// allow_row_path: the policy has a row kernel; n_sets value sets share each row block. The block
+// is sized as for one set: a panel's O^T of every set is touched one panel at a time, so the
+// sets' panels need not sit in L2 together, while a bigger block reuses every K tile and the
+// sets' V tiles over more rows (measured, static QK, B = 8 / 16, L = 2048, D = 64: 112 / 64
+// rows 0.65x / 0.81x of softmax_attention's time, 256 rows 0.53x / 0.50x). An item carries
+// n_sets items' work and its split-KV partials are n_sets times larger, so it counts n_sets
+// times towards kTargetWorkItems (split at B = 8, L = 1024: 0.73x of softmax; unsplit: ~0.55x).
 template <class A>
 forward_plan make_plan(const attention_shape& s, bool allow_row_path = true, index_t n_sets = 1) {
     forward_plan pl;
     const index_t G = s.group();
     pl.row_path = allow_row_path && s.len_q * G <= kRowKernelMaxRows<A>;
-    pl.n_pos = pl.row_path ? s.len_q : std::max<index_t>(1, tile_traits<A>::block_rows(s.dim, s.dim_v * n_sets) / G);
+    pl.n_pos = pl.row_path ? s.len_q : std::max<index_t>(1, tile_traits<A>::block_rows(s.dim, s.dim_v) / G);
     pl.n_qblocks = (s.len_q + pl.n_pos - 1) / pl.n_pos;
     pl.n_items = s.batch * (pl.row_path ? 1 : s.heads_k) * pl.n_qblocks;
-    if (pl.n_items < kTargetWorkItems && s.len_k >= 2 * kMinSplitKeys) {
-        const index_t want = (kTargetWorkItems + pl.n_items - 1) / pl.n_items;
+    if (pl.n_items * n_sets < kTargetWorkItems && s.len_k >= 2 * kMinSplitKeys) {
+        const index_t want = (kTargetWorkItems + pl.n_items * n_sets - 1) / (pl.n_items * n_sets);
         pl.n_split = std::min(want, s.len_k / kMinSplitKeys);
     }
     const index_t bk = tile_traits<A>::kBlockKeys;
@@ -75,9 +80,8 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
                        thread_pool* pool) {
     const attention_shape& s = p.s;
     if (s.batch == 0 || s.len_q == 0) return;
-    // row_kernel.hpp implements the softmax on float storage, one value set.
-    constexpr bool kRowKernel =
-        Policy::kRowKernel && std::is_same<KVT, float>::value && std::is_same<QT, float>::value;
+    // row_kernel.hpp implements the softmax (any storage type of simd/convert.hpp), one value set.
+    constexpr bool kRowKernel = Policy::kRowKernel;
     const index_t n_sets = p.n_sets;
     const forward_plan pl = make_plan<A>(s, kRowKernel && n_sets == 1, n_sets);
     const index_t Dv = s.dim_v;

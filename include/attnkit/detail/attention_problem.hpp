@@ -94,12 +94,12 @@ basic_attention_problem<KVT, QT> make_base_problem(const view<const QT, 4>& q, c
     return p;
 }
 
-template <class T>
-basic_attention_problem<T> make_problem(const view<const T, 4>& q, const view<const T, 4>& k,
-                                        const view<const T, 4>& v, const attention_shape& s,
-                                        const softmax_options& o) {
+template <class KVT, class QT>
+basic_attention_problem<KVT, QT> make_problem(const view<const QT, 4>& q, const view<const KVT, 4>& k,
+                                              const view<const KVT, 4>& v, const attention_shape& s,
+                                              const softmax_options& o) {
     // chunked local attention is causal within its chunk
-    basic_attention_problem<T> p = make_base_problem(q, k, v, s, o.causal || o.chunk > 0, o.key_lengths);
+    basic_attention_problem<KVT, QT> p = make_base_problem(q, k, v, s, o.causal || o.chunk > 0, o.key_lengths);
     const float scale = resolve_scale(o.scale, s.dim);
     p.tf.softcap = o.softcap > 0.0f ? o.softcap : 0.0f;
     p.q_scale = p.tf.softcap > 0.0f ? scale : scale * simd::kLog2e;

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "attnkit/detail/tile_traits.hpp"
+#include "attnkit/simd/convert.hpp"
 
 namespace attnkit {
 namespace detail {
@@ -26,7 +27,7 @@ inline void copy_rows(const SrcT* src, index_t src_stride, index_t n, index_t n_
         if constexpr (std::is_same<SrcT, float>::value)
             std::copy_n(src + j * src_stride, n_cols, dst + j * ld);
         else
-            for (index_t c = 0; c < n_cols; ++c) dst[j * ld + c] = static_cast<float>(src[j * src_stride + c]);
+            simd::convert_row<simd::default_arch>(src + j * src_stride, dst + j * ld, n_cols);
     }
 }
 
@@ -34,7 +35,7 @@ inline void copy_rows(const SrcT* src, index_t src_stride, index_t n, index_t n_
 // other conversion point of a narrower storage type.
 template <class SrcT>
 inline void pack_q_row(const SrcT* src, index_t dim, float scale, float* dst, index_t stride) {
-    for (index_t d = 0; d < dim; ++d) dst[d * stride] = static_cast<float>(src[d]) * scale;
+    for (index_t d = 0; d < dim; ++d) dst[d * stride] = simd::to_float(src[d]) * scale;
 }
 
 // Whether a dense tile holds only finite values (x * 0 is NaN exactly for NaN and +-inf).

@@ -1,91 +1,151 @@
 // The row kernel for decode and short queries (a few rows per key/value head, long keys): the
 // head dim is in lanes, each score is one dot product, and the online softmax runs over the
-// keys of a block. Its cost is streaming K and V once, which is what decode is bound by.
+// keys of a block. Its cost is streaming K and V once, which is what decode is bound by, so
+// everything here serves that stream (measured on Zen 2, issue 6):
+//  - K and V are read front to back, a few keys at a time and within them head by head: in
+//    BSHD the keys of a step are consecutive rows of one contiguous run, every cache line is
+//    read once per call, and the hardware prefetchers see plain sequential streams (software
+//    prefetch on top of them measured slower: it competes for the same miss buffers);
+//  - four keys per step in both walks: four independent FMA chains per score step, one load of
+//    q per four FMAs, and one load and store of each output vector per four keys (the value
+//    walk is store-bound otherwise); four rows 4 KiB apart stay within L1's associativity,
+//    where eight (one per lane) measured slower;
+//  - no horizontal sum per key: a step's dot products leave as vectors and are reduced together
+//    by one transposing reduction (simd::hsum_each);
+//  - K and V stored as bfloat16 or half are converted in the loads (simd/convert.hpp): half the
+//    bytes, the same float arithmetic.
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "attnkit/detail/attention_problem.hpp"
+#include "attnkit/simd/convert.hpp"
 
 namespace attnkit {
 namespace detail {
 
-// out[u] = <q, k_u> for four keys at once: four independent accumulators hide FMA latency.
-template <class A>
-ATTNKIT_ALWAYS_INLINE void dot4(const float* q, const float* k, index_t k_stride, index_t dim, float* out) {
+// Keys per block: the block's scores ([rows][keys]) stay in L1, and the per-block bookkeeping
+// of the online softmax (max, rescale of the output rows) is paid once per 64 keys.
+constexpr index_t kRowKernelBlockKeys = 64;
+// Keys per step of both walks: the score walk reduces this many dot products together, the
+// value walk loads and stores each output vector once per this many keys (store bandwidth
+// bounds it otherwise). Four rows 4 KiB apart stay within the associativity of L1.
+constexpr index_t kRowValueKeys = 4;
+constexpr index_t kRowScoreKeys = 4;
+
+// out[u] = <q, k_u> for kRowScoreKeys keys at once: independent accumulators hide FMA latency
+// and one q load feeds them all.
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const T* k, index_t k_stride, index_t dim, float* out) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
-    V a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
+    constexpr index_t KG = kRowScoreKeys;
+    V acc[KG];
+    for (index_t u = 0; u < KG; ++u) acc[u] = V(0.0f);
     index_t d = 0;
     for (; d + W <= dim; d += W) {
         const V qv = simd::loadu<A>(q + d);
-        a0 = simd::fma(qv, simd::loadu<A>(k + d), a0);
-        a1 = simd::fma(qv, simd::loadu<A>(k + k_stride + d), a1);
-        a2 = simd::fma(qv, simd::loadu<A>(k + 2 * k_stride + d), a2);
-        a3 = simd::fma(qv, simd::loadu<A>(k + 3 * k_stride + d), a3);
+#pragma GCC unroll 16
+        for (index_t u = 0; u < KG; ++u) acc[u] = simd::fma(qv, simd::load_float<A>(k + u * k_stride + d), acc[u]);
     }
-    float s0 = simd::hsum(a0), s1 = simd::hsum(a1), s2 = simd::hsum(a2), s3 = simd::hsum(a3);
-    for (; d < dim; ++d) {
-        s0 += q[d] * k[d];
-        s1 += q[d] * k[k_stride + d];
-        s2 += q[d] * k[2 * k_stride + d];
-        s3 += q[d] * k[3 * k_stride + d];
+    if (d < dim) {
+        const V qv = simd::loadu<A>(q + d);
+        for (index_t u = 0; u < KG; ++u)
+            acc[u] = simd::fma(qv, simd::load_float_partial<A>(k + u * k_stride + d, dim - d), acc[u]);
     }
-    out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+    if constexpr (W >= KG) {
+        // One transposing reduction for the KG sums (zero vectors fill the other lanes).
+        V all[W];
+        for (index_t u = 0; u < W; ++u) all[u] = u < KG ? acc[u] : V(0.0f);
+        alignas(64) float sums[W];
+        simd::storeu(sums, simd::hsum_each(all));
+        for (index_t u = 0; u < KG; ++u) out[u] = sums[u];
+    } else {
+        for (index_t u = 0; u < KG; ++u) out[u] = simd::hsum(acc[u]);
+    }
 }
 
-template <class A>
-ATTNKIT_ALWAYS_INLINE float dot1(const float* q, const float* k, index_t dim) {
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE float score_key(const float* q, const T* k, index_t dim) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     V a(0.0f);
     index_t d = 0;
-    for (; d + W <= dim; d += W) a = simd::fma(simd::loadu<A>(q + d), simd::loadu<A>(k + d), a);
-    float s = simd::hsum(a);
-    for (; d < dim; ++d) s += q[d] * k[d];
-    return s;
+    for (; d + W <= dim; d += W) a = simd::fma(simd::loadu<A>(q + d), simd::load_float<A>(k + d), a);
+    if (d < dim) a = simd::fma(simd::loadu<A>(q + d), simd::load_float_partial<A>(k + d, dim - d), a);
+    return simd::hsum(a);
+}
+
+// o += sum_u p[u] v_u over kRowValueKeys value rows v + u * v_stride.
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, const T* v, index_t v_stride, index_t dim_v) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    constexpr index_t KU = kRowValueKeys;
+    V pv[KU];
+    for (index_t u = 0; u < KU; ++u) pv[u] = V(p[u]);
+    index_t c = 0;
+    for (; c + W <= dim_v; c += W) {
+        V a = simd::loadu<A>(o + c);
+#pragma GCC unroll 8
+        for (index_t u = 0; u < KU; ++u) a = simd::fma(pv[u], simd::load_float<A>(v + u * v_stride + c), a);
+        simd::storeu(o + c, a);
+    }
+    for (; c < dim_v; ++c) {
+        float a = o[c];
+        for (index_t u = 0; u < KU; ++u) a += p[u] * simd::to_float(v[u * v_stride + c]);
+        o[c] = a;
+    }
 }
 
 // o += p v for one value row.
-template <class A>
-ATTNKIT_ALWAYS_INLINE void axpy(float* o, float p, const float* v, index_t dim_v) {
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE void axpy(float* o, float p, const T* v, index_t dim_v) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     const V pv(p);
     index_t c = 0;
-    for (; c + W <= dim_v; c += W) simd::storeu(o + c, simd::fma(pv, simd::loadu<A>(v + c), simd::loadu<A>(o + c)));
-    for (; c < dim_v; ++c) o[c] += p * v[c];
+    for (; c + W <= dim_v; c += W)
+        simd::storeu(o + c, simd::fma(pv, simd::load_float<A>(v + c), simd::loadu<A>(o + c)));
+    for (; c < dim_v; ++c) o[c] += p * simd::to_float(v[c]);
 }
 
 // emit(r, o_row, lse) receives each row's output normalised over keys [ks0, ks1) and its lse.
+// buf is reused scratch (any contents; resized and cleared here). Problem is an attention
+// problem whose q, k, v rows may be float, Eigen::bfloat16 or Eigen::half.
 //
-// Decode reads every K and V element once, so its speed is the speed of that read. Keys are
-// visited in order and, for each key, all key/value heads of the block: K[b, j, :, :] and
-// V[b, j, :, :] are contiguous in BSHD, so memory is read front to back, which is what DRAM
-// and the hardware prefetchers stream fastest.
-// buf is reused scratch (any contents; resized and cleared here).
-template <class A, class Emit>
-void row_kernel(const attention_problem& p, const row_block& rb, index_t ks0, index_t ks1, std::vector<float>& buf,
+// A block of keys is walked twice in the same order, a few keys (KG or KU) at a time and,
+// within them, head by head: first K for the scores, then, after the block's softmax, V for
+// the output. In BSHD the keys of a step are consecutive rows of one contiguous run, so both
+// walks read memory front to back, every line of K and V once.
+template <class A, class Problem, class Emit>
+void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1, std::vector<float>& buf,
                 Emit&& emit) {
     using V = simd::vfloat<A>;
+    using KT = std::remove_const_t<std::remove_pointer_t<decltype(p.k.data)>>;
+    using VT = std::remove_const_t<std::remove_pointer_t<decltype(p.v.data)>>;
     constexpr index_t W = simd::kLanes<A>;
-    constexpr index_t BK = kRowBlockKeys;
-    static_assert(BK % 4 == 0 && BK % W == 0, "row block must hold whole vectors");
+    constexpr index_t BK = kRowKernelBlockKeys;
+    constexpr index_t KU = kRowValueKeys;
+    constexpr index_t KG = kRowScoreKeys;
+    static_assert(BK % W == 0 && BK % KU == 0 && BK % KG == 0, "steps must tile the block");
     const index_t D = p.s.dim, Dv = p.s.dim_v, R = rb.rows(), RH = rb.rows_per_kv_head();
+    const index_t Dp = (D + W - 1) / W * W;  // padded query rows: whole-vector loads
 
-    buf.assign(static_cast<std::size_t>(R * (D + Dv + BK)), 0.0f);
+    buf.assign(static_cast<std::size_t>(R * (Dp + Dv + BK)), 0.0f);
     std::vector<index_t> lo(static_cast<std::size_t>(R)), hi(static_cast<std::size_t>(R));
     std::vector<float> m(static_cast<std::size_t>(R), kNegInf), l(static_cast<std::size_t>(R), 0.0f);
     float* qs = buf.data();
-    float* o = qs + R * D;
+    float* o = qs + R * Dp;
     float* sc = o + R * Dv;  // scores, then probabilities, of the current block: [R][BK]
 
     const mask_params mp = p.mask(rb.b);
     index_t min_lo = ks1, max_hi = ks0;
     for (index_t r = 0; r < R; ++r) {
-        const float* qr = p.q.row(rb.b, rb.pos(r), rb.head(r));
-        for (index_t d = 0; d < D; ++d) qs[r * D + d] = qr[d] * p.q_scale;
+        const auto* qr = p.q.row(rb.b, rb.pos(r), rb.head(r));
+        for (index_t d = 0; d < D; ++d) qs[r * Dp + d] = simd::to_float(qr[d]) * p.q_scale;
         row_interval(mp, rb.pos(r), ks0, ks1, lo[r], hi[r]);
         if (lo[r] < hi[r]) {
             min_lo = std::min(min_lo, lo[r]);
@@ -93,24 +153,25 @@ void row_kernel(const attention_problem& p, const row_block& rb, index_t ks0, in
         }
     }
 
-    const float* k0 = p.k.row(rb.b, 0, rb.hk);
-    const float* v0 = p.v.row(rb.b, 0, rb.hk);
+    const KT* k0 = p.k.row(rb.b, 0, rb.hk);
+    const VT* v0 = p.v.row(rb.b, 0, rb.hk);
+    const index_t ksl = p.k.sl, ksh = p.k.sh, vsl = p.v.sl, vsh = p.v.sh;
     for (index_t j0 = min_lo; j0 < max_hi; j0 += BK) {
         const index_t nk = std::min(BK, max_hi - j0);
         auto active = [&](index_t r) { return j0 < hi[r] && j0 + nk > lo[r]; };
 
-        // Scores, four keys at a time per row: one hsum per key, K rows shared by a head's rows.
-        for (index_t j = 0; j < nk; j += 4) {
-            const index_t nj = std::min<index_t>(4, nk - j);
+        // Scores, KG keys at a time, head by head; K rows shared by a head's rows.
+        for (index_t j = 0; j < nk; j += KG) {
+            const index_t nj = std::min(KG, nk - j);
             for (index_t h = 0; h < rb.n_hk; ++h) {
-                const float* kr = k0 + (j0 + j) * p.k.sl + h * p.k.sh;
+                const KT* kr = k0 + (j0 + j) * ksl + h * ksh;
                 for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
                     if (!active(r)) continue;
                     float* s = sc + r * BK + j;
-                    if (nj == 4)
-                        dot4<A>(qs + r * D, kr, p.k.sl, D, s);
+                    if (nj == KG)
+                        score_keys<A>(qs + r * Dp, kr, ksl, D, s);
                     else
-                        for (index_t u = 0; u < nj; ++u) s[u] = dot1<A>(qs + r * D, kr + u * p.k.sl, D);
+                        for (index_t u = 0; u < nj; ++u) s[u] = score_key<A>(qs + r * Dp, kr + u * ksl, D);
                 }
             }
         }
@@ -143,15 +204,24 @@ void row_kernel(const attention_problem& p, const row_block& rb, index_t ks0, in
                 for (index_t c = 0; c < Dv; ++c) o[r * Dv + c] *= alpha;
         }
 
-        // Values, key by key across heads: V is read front to back like K. Keys a row does not
-        // see are skipped rather than weighted by 0, so that a NaN or Inf in their value rows
-        // (0 * Inf = NaN) stays out of it; a visible key always contributes, even at weight 0.
-        for (index_t j = 0; j < nk; ++j)
+        // Values, KU keys at a time, head by head, like K. Keys a row does not see are skipped
+        // rather than weighted by 0, so that a NaN or Inf in their value rows (0 * Inf = NaN)
+        // stays out of it; a visible key always contributes, even at weight 0.
+        for (index_t j = 0; j < nk; j += KU) {
+            const index_t nj = std::min(KU, nk - j), key = j0 + j;
             for (index_t h = 0; h < rb.n_hk; ++h) {
-                const float* vr = v0 + (j0 + j) * p.v.sl + h * p.v.sh;
-                for (index_t r = h * RH; r < (h + 1) * RH; ++r)
-                    if (j0 + j >= lo[r] && j0 + j < hi[r]) axpy<A>(o + r * Dv, sc[r * BK + j], vr, Dv);
+                const VT* vr = v0 + key * vsl + h * vsh;
+                for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
+                    const float* pr = sc + r * BK + j;
+                    if (nj == KU && lo[r] <= key && hi[r] >= key + KU) {
+                        accumulate_keys<A>(o + r * Dv, pr, vr, vsl, Dv);
+                    } else {
+                        for (index_t u = 0; u < nj; ++u)
+                            if (key + u >= lo[r] && key + u < hi[r]) axpy<A>(o + r * Dv, pr[u], vr + u * vsl, Dv);
+                    }
+                }
             }
+        }
     }
 
     for (index_t r = 0; r < R; ++r) {

@@ -167,7 +167,9 @@ using weights_tensor = Eigen::Tensor<double, 4, Eigen::RowMajor>;
 
 // out = softmax(scale * q k^T [masked]) v. q [B, Lq, H, D], k [B, Lk, Hk, D], v [B, Lk, Hk, Dv],
 // out [B, Lq, H, Dv]; each an attnkit::view, a row-major Eigen::Tensor or a TensorMap, of float
-// or double (element types may differ between arguments).
+// or double, inputs also of Eigen::bfloat16 or Eigen::half (element types may differ between
+// arguments; every element is widened to double exactly, so a half-precision cache is compared
+// on the very values it stores).
 template <class Q, class K, class V, class O>
 void softmax_attention(const Q& q, const K& k, const V& v, O&& out,
                        const softmax_options& opts = {}) {

@@ -1,0 +1,175 @@
+// Loads of 16-bit storage (Eigen::bfloat16, Eigen::half) as float vectors, so that kernels read
+// a half-precision K/V cache in place and compute in float: no converted copy of a tensor ever
+// exists, at most a packed tile in a float scratch panel.
+//
+//   simd::load_float<A>(p)            W elements at p (float, bfloat16 or half) as vfloat<A>
+//   simd::load_float_partial<A>(p, n) n < W elements, the other lanes 0, nothing read past p + n
+//   simd::to_float(x)                 one element
+//   simd::convert_row<A>(src, dst, n) n elements to float (packing a tile)
+//
+// bfloat16 is the upper half of a float: widening is a shift (or an unpack against zero). half
+// needs its exponent rebased: F16C / AVX-512F do it in one instruction; plain SSE2 builds use an
+// integer sequence that handles zeros, subnormals, infinities and NaN exactly. Every conversion
+// is exact (both formats are subsets of float), so kernels see exactly the stored values.
+// This header and simd.hpp are the only ones that name intrinsics.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+#include "attnkit/simd/simd.hpp"
+
+#if defined(__SSE2__) || defined(__AVX__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace attnkit {
+namespace simd {
+
+// Element types a kernel may read as float.
+template <class T>
+constexpr bool kIsStorageType = std::is_same<T, float>::value || std::is_same<T, Eigen::bfloat16>::value ||
+                                std::is_same<T, Eigen::half>::value;
+
+ATTNKIT_ALWAYS_INLINE float to_float(float x) noexcept { return x; }
+ATTNKIT_ALWAYS_INLINE float to_float(Eigen::bfloat16 x) noexcept {
+    std::uint16_t h;
+    std::memcpy(&h, &x, sizeof(h));
+    const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+}
+ATTNKIT_ALWAYS_INLINE float to_float(Eigen::half x) noexcept { return static_cast<float>(x); }
+
+namespace detail {
+
+#if defined(__SSE2__)
+// Four half values (low 16 bits of each int32 lane) to float bits, without F16C.
+ATTNKIT_ALWAYS_INLINE __m128 half_bits_to_float_sse2(__m128i h) noexcept {
+    const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
+    __m128i o = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7fff)), 13);  // exponent + mantissa
+    const __m128i exp = _mm_and_si128(o, _mm_set1_epi32(0x0f800000));
+    o = _mm_add_epi32(o, _mm_set1_epi32((127 - 15) << 23));  // rebias
+    // Inf / NaN: exponent all ones, rebias once more so it becomes 255.
+    const __m128i is_inf = _mm_cmpeq_epi32(exp, _mm_set1_epi32(0x0f800000));
+    o = _mm_add_epi32(o, _mm_and_si128(is_inf, _mm_set1_epi32((128 - 16) << 23)));
+    // Zero / subnormal: value = mantissa * 2^-24, computed exactly as (2^-14 + m) - 2^-14 in float.
+    const __m128i is_sub = _mm_cmpeq_epi32(exp, _mm_setzero_si128());
+    const __m128 sub = _mm_sub_ps(_mm_castsi128_ps(_mm_add_epi32(o, _mm_set1_epi32(1 << 23))),
+                                  _mm_castsi128_ps(_mm_set1_epi32(113 << 23)));
+    o = _mm_or_si128(_mm_and_si128(is_sub, _mm_castps_si128(sub)), _mm_andnot_si128(is_sub, o));
+    return _mm_castsi128_ps(_mm_or_si128(o, sign));
+}
+#endif
+
+// The generic path: element by element through a small buffer.
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE vfloat<A> load_float_scalar(const T* p) noexcept {
+    alignas(64) float buf[kLanes<A>];
+    for (index_t i = 0; i < kLanes<A>; ++i) buf[i] = to_float(p[i]);
+    return loadu<A>(buf);
+}
+
+}  // namespace detail
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE vfloat<A> load_float(const float* p) noexcept {
+    return loadu<A>(p);
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE vfloat<A> load_float(const Eigen::bfloat16* p) noexcept {
+    if constexpr (std::is_same<A, scalar_arch>::value) {
+        return scalar_float(to_float(*p));
+    } else {
+        constexpr index_t W = kLanes<A>;
+        using B = vfloat<A>;
+#if defined(__AVX512F__)
+        if constexpr (W == 16) {
+            // Zero-masked forms with a full mask: the same instructions, without the undefined
+            // merge source that GCC 12 reports as -Wmaybe-uninitialized (see the half load).
+            const __mmask16 all = __mmask16(0xffff);
+            const __m512i x = _mm512_maskz_cvtepu16_epi32(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+            return B(_mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, x, 16)));
+        }
+#endif
+#if defined(__AVX2__)
+        if constexpr (W == 8) {
+            const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+            return B(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
+        }
+#endif
+#if defined(__SSE2__)
+        if constexpr (W == 4) {
+            // Unpacking against zero puts each value in the high half of its lane: the float.
+            const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+            return B(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), x)));
+        }
+#endif
+        return detail::load_float_scalar<A>(p);
+    }
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE vfloat<A> load_float(const Eigen::half* p) noexcept {
+    if constexpr (std::is_same<A, scalar_arch>::value) {
+        return scalar_float(to_float(*p));
+    } else {
+        constexpr index_t W = kLanes<A>;
+        using B = vfloat<A>;
+#if defined(__AVX512F__)
+        // The zero-masked form with a full mask is the same instruction; the plain intrinsic
+        // passes _mm512_undefined_ps() as its merge source, which GCC 12 reports as
+        // -Wmaybe-uninitialized in every caller (a false positive, silenced at its source).
+        if constexpr (W == 16)
+            return B(_mm512_maskz_cvtph_ps(__mmask16(0xffff), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#endif
+#if defined(__F16C__)
+        if constexpr (W == 8) return B(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+        if constexpr (W == 4) return B(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#endif
+#if defined(__SSE2__)
+        if constexpr (W == 4) {
+            const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+            return B(detail::half_bits_to_float_sse2(_mm_unpacklo_epi16(x, _mm_setzero_si128())));
+        }
+#if defined(__AVX__)
+        if constexpr (W == 8) {
+            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+            const __m128 lo = detail::half_bits_to_float_sse2(_mm_unpacklo_epi16(x, _mm_setzero_si128()));
+            const __m128 hi = detail::half_bits_to_float_sse2(_mm_unpackhi_epi16(x, _mm_setzero_si128()));
+            return B(_mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1));
+        }
+#endif
+#endif
+        return detail::load_float_scalar<A>(p);
+    }
+}
+
+// n < W elements; the other lanes are 0 and nothing at or past p + n is read.
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE vfloat<A> load_float_partial(const T* p, index_t n) noexcept {
+    alignas(64) float buf[kLanes<A>] = {};
+    for (index_t i = 0; i < n; ++i) buf[i] = to_float(p[i]);
+    return loadu<A>(buf);
+}
+
+// dst[0, n) = src[0, n) as float.
+template <class A, class T>
+inline void convert_row(const T* ATTNKIT_RESTRICT src, float* ATTNKIT_RESTRICT dst, index_t n) noexcept {
+    if constexpr (std::is_same<T, float>::value) {
+        std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+    } else {
+        constexpr index_t W = kLanes<A>;
+        index_t i = 0;
+        for (; i + W <= n; i += W) storeu(dst + i, load_float<A>(src + i));
+        for (; i < n; ++i) dst[i] = to_float(src[i]);
+    }
+}
+
+}  // namespace simd
+}  // namespace attnkit
