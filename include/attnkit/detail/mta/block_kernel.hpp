@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attnkit/detail/micro_kernels.hpp"
+#include "attnkit/detail/mta/epilogue.hpp"
 #include "attnkit/detail/mta/plan.hpp"
 #include "attnkit/detail/mta/tile_ops.hpp"
 
@@ -23,12 +24,6 @@ namespace attnkit {
 namespace detail {
 namespace mta {
 
-struct problem {
-    strided4 q, k, v;
-    float* out = nullptr;
-    index_t ob = 0, ol = 0, oh = 0;
-    float* stats = nullptr;  // [B, L, H] log2-domain lse of the pre-softmax result (two passes)
-};
 
 template <class A>
 class block_kernel {
@@ -261,54 +256,8 @@ class block_kernel {
         epilogue(b, i0, R, nullptr);
     }
 
-    // O^T panels to rows (times 1 / l when l is given), then the per-row stages, then out.
     void epilogue(index_t b, index_t i0, index_t R, const float* l) {
-        const index_t H = p_.H, Dv = p_.Dv;
-        float* rows = at(p_.o_rows);
-        float* mixed = rows + p_.block_rows * H * Dv;
-        for (index_t h = 0; h < H; ++h)
-            for (index_t r = 0; r < R; ++r) {
-                const float* o = ot(h, r / RT) + r % RT;
-                float inv = 1.0f;
-                if (l) {
-                    const float lv = l[h * p_.npo * RT + r];
-                    inv = lv == 0.0f ? 0.0f : 1.0f / lv;
-                }
-                float* dst = rows + (r * H + h) * Dv;
-                for (index_t c = 0; c < Dv; ++c) dst[c] = o[c * RT] * inv;
-            }
-        for (index_t r = 0; r < R; ++r) {
-            float* x = rows + r * H * Dv;
-            if (p_.head_post && p_.mix_outputs) {
-                for (index_t h = 0; h < H; ++h) {
-                    float* y = mixed + h * Dv;
-                    std::fill(y, y + Dv, 0.0f);
-                    for (index_t g = 0; g < H; ++g) {
-                        const float w = p_.w_post[static_cast<std::size_t>(h * H + g)];
-                        if (w == 0.0f) continue;
-                        for (index_t c = 0; c < Dv; ++c) y[c] += w * x[g * Dv + c];
-                    }
-                }
-                x = mixed;
-            }
-            for (index_t h = 0; h < H; ++h) {
-                float* y = x + h * Dv;
-                float scale = p_.depth;
-                if (!p_.norm_w.empty()) {
-                    float ss = 0.0f;
-                    for (index_t c = 0; c < Dv; ++c) ss += y[c] * y[c];
-                    const float rn = 1.0f / std::sqrt(ss / static_cast<float>(Dv) + p_.eps);
-                    for (index_t c = 0; c < Dv; ++c) y[c] *= rn * p_.norm_w[static_cast<std::size_t>(c)];
-                }
-                if (!p_.gate_w.empty()) {
-                    float t = p_.gate_b;
-                    for (index_t c = 0; c < Dv; ++c) t += y[c] * scale * p_.gate_w[static_cast<std::size_t>(c)];
-                    scale *= 1.0f / (1.0f + std::exp(-t));
-                }
-                float* dst = pr_.out + b * pr_.ob + (i0 + r) * pr_.ol + h * pr_.oh;
-                for (index_t c = 0; c < Dv; ++c) dst[c] = y[c] * scale;
-            }
-        }
+        write_rows<RT>(p_, pr_, b, i0, R, at(p_.o_ot), l, at(p_.o_rows));
     }
 };
 
