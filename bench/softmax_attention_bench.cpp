@@ -10,7 +10,10 @@
 // Machine probes: BM_fma_peak, BM_dram_read, BM_dram_triad (common/machine.hpp).
 //
 // Shapes: prefill B=1, H=8, L in {256..4096}, D in {64, 128}, causal 0/1; GQA H=32/Hk=8, D=128,
-// L=2048; decode Lq=1, Lk in {4096, 16384}, D=128, H=8; all with threads 1 and 2.
+// L=2048; decode Lq=1, Lk in {4096, 16384, 65536}, D in {64, 128}, H=8 and GQA 32/8, K/V float,
+// bfloat16 ("kv:bf16/") and half ("kv:f16/"); batched decode B=4 with key_lengths of four
+// different lengths ("kl:mixed"); prefill L=2048, D=128 causal with bfloat16 K/V; all with
+// threads 1 and 2.
 //
 // Options beyond Google Benchmark's own flags (flags given on the command line win):
 //   ATTNKIT_BENCH_FILTER=<regex>        default for --benchmark_filter
@@ -100,8 +103,32 @@ std::vector<attn_case> softmax_cases() {
                 for (int t : kThreadCounts) cases.push_back(prefill_case(L, D, 8, 8, causal, t));
     for (bool causal : {false, true})
         for (int t : kThreadCounts) cases.push_back(prefill_case(2048, 128, 32, 8, causal, t));
-    for (std::int64_t Lk : {4096, 16384})
-        for (int t : kThreadCounts) cases.push_back(decode_case(Lk, 128, 8, 8, t));
+    // Decode (issue 6): K/V streamed once, GB/s and bw_frac against the read probe of the run;
+    // float, bfloat16 and half K/V; MHA H = 8 and GQA 32/8.
+    for (kv_storage st : {kv_storage::f32, kv_storage::bf16, kv_storage::f16})
+        for (std::int64_t Lk : {4096, 16384, 65536})
+            for (std::int64_t D : {64, 128})
+                for (std::int64_t H : {8, 32})
+                    for (int t : kThreadCounts) {
+                        attn_case c = decode_case(Lk, D, H, 8, t);
+                        c.kv = st;
+                        cases.push_back(c);
+                    }
+    // Batched decode with padding: B = 4 caches of different lengths in one [4, Lk] tensor.
+    for (kv_storage st : {kv_storage::f32, kv_storage::bf16, kv_storage::f16})
+        for (int t : kThreadCounts) {
+            const std::int64_t Lk = 16384;
+            attn_case c = decode_case(Lk, 128, 8, 8, t, 4);
+            c.key_lengths = {Lk, 3 * Lk / 4 + 5, Lk / 2 + 3, Lk / 4 + 1};
+            c.kv = st;
+            cases.push_back(c);
+        }
+    // Prefill with a bfloat16 cache beside the float row of the same shape.
+    for (int t : kThreadCounts) {
+        attn_case c = prefill_case(2048, 128, 8, 8, true, t);
+        c.kv = kv_storage::bf16;
+        cases.push_back(c);
+    }
     return cases;
 }
 

@@ -14,6 +14,12 @@
 //     <family>/L:1024/D:64/H:8/causal:1/threads:1            prefill, Lq = Lk = L
 //     <family>/L:2048/D:128/H:32/Hk:8/causal:1/threads:2     GQA (Hk shown when != H)
 //     <family>/decode/Lk:4096/D:128/H:8/threads:1            Lq = 1 against a KV cache
+//     <family>/kv:bf16/decode/B:4/kl:mixed/Lk:16384/...       bfloat16 (kv:f16: half) K/V, and
+//                                                             key_lengths of different lengths
+//
+// 16-bit K/V cases run only families added with add_typed_family (a generic callable); their
+// float copies of K/V hold the same rounded values, so the output check is unchanged, and GB/s
+// counts the bytes actually stored (2 per element).
 //
 // Adding a family is one line:
 //
@@ -67,6 +73,21 @@ using tensor4 = Eigen::Tensor<float, 4, Eigen::RowMajor>;
 using attention_fn = std::function<void(const tensor4& q, const tensor4& k, const tensor4& v,
                                         tensor4& out, const attnkit::softmax_options& opts)>;
 
+// K/V storage of a case: float, or 16-bit (q, out and lse stay float). A family runs the 16-bit
+// cases only when it was added with add_typed_family (its callable takes every storage).
+enum class kv_storage { f32, bf16, f16 };
+using tensor4_bf16 = Eigen::Tensor<Eigen::bfloat16, 4, Eigen::RowMajor>;
+using tensor4_f16 = Eigen::Tensor<Eigen::half, 4, Eigen::RowMajor>;
+using attention_fn_bf16 = std::function<void(const tensor4& q, const tensor4_bf16& k, const tensor4_bf16& v,
+                                             tensor4& out, const attnkit::softmax_options& opts)>;
+using attention_fn_f16 = std::function<void(const tensor4& q, const tensor4_f16& k, const tensor4_f16& v,
+                                            tensor4& out, const attnkit::softmax_options& opts)>;
+
+inline const char* storage_name(kv_storage st) {
+    return st == kv_storage::bf16 ? "bf16" : st == kv_storage::f16 ? "f16" : "f32";
+}
+inline std::size_t storage_bytes(kv_storage st) { return st == kv_storage::f32 ? 4 : 2; }
+
 // ---------------------------------------------------------------------------------------------
 // Cases.
 struct attn_case {
@@ -74,10 +95,13 @@ struct attn_case {
     bool causal = false;
     bool decode = false;  // Lq = 1 against a KV cache: named by Lk, reports GB/s and bw_frac
     int threads = 1;
+    kv_storage kv = kv_storage::f32;         // "kv:bf16" / "kv:f16" in the name when not float
+    std::vector<std::int64_t> key_lengths;  // batched decode with padding: "kl:mixed" in the name
 
     attnkit::softmax_options options() const {
         attnkit::softmax_options o;
         o.causal = causal;
+        o.key_lengths = key_lengths;
         return o;
     }
     bool gqa() const { return dims.H != dims.Hk; }
@@ -85,9 +109,11 @@ struct attn_case {
     // Name without the family: the part of the benchmark name after "<family>/".
     std::string name() const {
         std::ostringstream s;
+        if (kv != kv_storage::f32) s << "kv:" << storage_name(kv) << '/';
         if (decode) {
             s << "decode/";
             if (dims.B != 1) s << "B:" << dims.B << '/';
+            if (!key_lengths.empty()) s << "kl:mixed/";
             if (dims.Lq != 1) s << "Lq:" << dims.Lq << '/';
             s << "Lk:" << dims.Lk;
         } else {
@@ -141,6 +167,13 @@ struct family {
     std::string name;
     attention_fn fn;
     family_options options;
+    attention_fn_bf16 fn_bf16;  // empty: the family skips bf16 cases
+    attention_fn_f16 fn_f16;    // empty: the family skips f16 cases
+
+    bool runs(kv_storage st) const {
+        return st == kv_storage::f32 ? static_cast<bool>(fn)
+                                     : st == kv_storage::bf16 ? static_cast<bool>(fn_bf16) : static_cast<bool>(fn_f16);
+    }
 };
 
 inline std::vector<family>& families() {
@@ -149,7 +182,14 @@ inline std::vector<family>& families() {
 }
 
 inline void add_family(std::string name, attention_fn fn, family_options options = {}) {
-    families().push_back(family{std::move(name), std::move(fn), std::move(options)});
+    families().push_back(family{std::move(name), std::move(fn), std::move(options), {}, {}});
+}
+
+// A family that also takes bfloat16 / half K/V: f is a generic callable (auto& arguments).
+template <class F>
+void add_typed_family(std::string name, F f, family_options options = {}) {
+    families().push_back(family{std::move(name), attention_fn(f), std::move(options), attention_fn_bf16(f),
+                                attention_fn_f16(f)});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -209,9 +249,28 @@ inline tensor4 random_tensor(std::int64_t d0, std::int64_t d1, std::int64_t d2, 
 struct attn_inputs {
     attn_dims dims;
     bool decode = false;
+    kv_storage kv = kv_storage::f32;
     tensor4 q, out;
     std::vector<tensor4> k, v;  // identical copies; the harness cycles through them
+    // 16-bit cases: the copies in their storage type; k and v above then hold the same rounded
+    // values in float (for the output check), one copy.
+    std::vector<tensor4_bf16> kb, vb;
+    std::vector<tensor4_f16> kh, vh;
+    std::size_t copies() const {
+        return kv == kv_storage::bf16 ? kb.size() : kv == kv_storage::f16 ? kh.size() : k.size();
+    }
 };
+
+template <class T>
+Eigen::Tensor<T, 4, Eigen::RowMajor> stored_as(const tensor4& x) {
+    Eigen::Tensor<T, 4, Eigen::RowMajor> y(x.dimensions());
+    for (std::int64_t i = 0, n = x.size(); i < n; ++i) y.data()[i] = T(x.data()[i]);
+    return y;
+}
+template <class T>
+void round_through(tensor4& x) {
+    for (std::int64_t i = 0, n = x.size(); i < n; ++i) x.data()[i] = static_cast<float>(T(x.data()[i]));
+}
 
 inline std::uint64_t dims_seed(const attn_dims& d) {
     std::uint64_t h = 0x243f6a8885a308d3ULL;
@@ -227,7 +286,7 @@ inline attn_inputs& inputs_for(const attn_case& c) {
     static bool valid = false;
     const attn_dims& d = c.dims;
     const attn_dims& o = cur.dims;
-    const bool same = valid && cur.decode == c.decode && o.B == d.B && o.Lq == d.Lq &&
+    const bool same = valid && cur.decode == c.decode && cur.kv == c.kv && o.B == d.B && o.Lq == d.Lq &&
                       o.Lk == d.Lk && o.H == d.H && o.Hk == d.Hk && o.D == d.D && o.Dv == d.Dv;
     if (same) return cur;
     release_stream_buffer();
@@ -235,14 +294,29 @@ inline attn_inputs& inputs_for(const attn_case& c) {
     valid = false;
     cur.dims = d;
     cur.decode = c.decode;
+    cur.kv = c.kv;
     const std::uint64_t seed = dims_seed(d);
     cur.q = random_tensor(d.B, d.Lq, d.H, d.D, seed + 1);
     cur.k.push_back(random_tensor(d.B, d.Lk, d.Hk, d.D, seed + 2));
     cur.v.push_back(random_tensor(d.B, d.Lk, d.Hk, d.Dv, seed + 3));
+    int copies = 1;
     if (c.decode) {
-        const double one = static_cast<double>(d.B * d.Lk * d.Hk * (d.D + d.Dv)) * sizeof(float);
+        const double one =
+            static_cast<double>(d.B * d.Lk * d.Hk * (d.D + d.Dv)) * static_cast<double>(storage_bytes(c.kv));
         const double want = 4.0 * static_cast<double>(llc_bytes());
-        const int copies = std::min(16, std::max(1, static_cast<int>(std::ceil(want / one))));
+        copies = std::min(16, std::max(1, static_cast<int>(std::ceil(want / one))));
+    }
+    if (c.kv == kv_storage::bf16) {
+        round_through<Eigen::bfloat16>(cur.k[0]);
+        round_through<Eigen::bfloat16>(cur.v[0]);
+        cur.kb.assign(static_cast<std::size_t>(copies), stored_as<Eigen::bfloat16>(cur.k[0]));
+        cur.vb.assign(static_cast<std::size_t>(copies), stored_as<Eigen::bfloat16>(cur.v[0]));
+    } else if (c.kv == kv_storage::f16) {
+        round_through<Eigen::half>(cur.k[0]);
+        round_through<Eigen::half>(cur.v[0]);
+        cur.kh.assign(static_cast<std::size_t>(copies), stored_as<Eigen::half>(cur.k[0]));
+        cur.vh.assign(static_cast<std::size_t>(copies), stored_as<Eigen::half>(cur.v[0]));
+    } else {
         for (int i = 1; i < copies; ++i) {
             cur.k.push_back(cur.k[0]);
             cur.v.push_back(cur.v[0]);
@@ -327,13 +401,18 @@ inline void run_attention(benchmark::State& state, const family& f, const attn_c
     std::fill_n(in.out.data(), in.out.size(), std::numeric_limits<float>::quiet_NaN());
 
     const double flops = attention_flops(c.dims, opts);
-    const std::size_t copies = in.k.size();
+    const std::size_t copies = in.copies();
     std::size_t slot = 0;
     bool failed = false;
     const auto t0 = clock_type::now();
     for (auto _ : state) {
         try {
-            f.fn(in.q, in.k[slot], in.v[slot], in.out, opts);
+            if (c.kv == kv_storage::bf16)
+                f.fn_bf16(in.q, in.kb[slot], in.vb[slot], in.out, opts);
+            else if (c.kv == kv_storage::f16)
+                f.fn_f16(in.q, in.kh[slot], in.vh[slot], in.out, opts);
+            else
+                f.fn(in.q, in.k[slot], in.v[slot], in.out, opts);
         } catch (const std::exception& e) {
             state.SkipWithError((std::string("exception: ") + e.what()).c_str());
             failed = true;
@@ -354,7 +433,7 @@ inline void run_attention(benchmark::State& state, const family& f, const attn_c
     state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
     state.counters["peak_frac"] = flops * iters / seconds / machine_peak_flops(c.threads);
     if (c.decode) {
-        const double bytes = kv_bytes(c.dims, opts);
+        const double bytes = kv_bytes(c.dims, opts, storage_bytes(c.kv), storage_bytes(c.kv));
         state.counters["GB/s"] =
             benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
         state.counters["bw_frac"] = bytes * iters / seconds / dram_read_bandwidth(c.threads);
@@ -382,6 +461,7 @@ inline void register_attention_benchmarks(const std::vector<attn_case>& cases) {
         for (std::size_t fi = 0; fi < families().size(); ++fi) {
             const family& f = families()[fi];
             if (f.options.applies && !f.options.applies(c)) continue;
+            if (!f.runs(c.kv)) continue;
             const std::string name = f.name + "/" + c.name();
             auto* b = benchmark::RegisterBenchmark(name.c_str(), [fi, c](benchmark::State& st) {
                 run_attention(st, families()[fi], c);
