@@ -122,46 +122,13 @@ void set_decode_counters(benchmark::State& st, index_t ctx, double state_bytes) 
 
 // ---- prefill -----------------------------------------------------------------------------
 
-void prefill(benchmark::State& st, const std::string& variant, index_t L, int threads) {
-    attnkit::thread_pool* pool = shared_pool(threads);
-    const tensor4 q = bshd(L, 1), k = bshd(L, 2), v = bshd(L, 3);
-    tensor4 out(1, L, kH, kD);
-    std::function<void()> call;
-    std::unique_ptr<attnkit::static_attention_map> map;
+// The gated MLP that replaces attention: x [rows, H*D], m = gated_mlp_width(H*D).
+struct mlp_case {
     tensor2 x, y, wg, wu, wd;
-    if (variant == "softmax") {
-        call = [&] {
-            attnkit::softmax_options o;
-            o.causal = true;
-            o.pool = pool;
-            attnkit::softmax_attention(q, k, v, out, o);
-        };
-    } else if (variant == "taylor") {
-        call = [&] {
-            attnkit::taylor_options o;
-            o.causal = true;
-            o.pool = pool;
-            attnkit::taylor_attention(q, k, v, out, o);
-        };
-    } else if (variant == "self_gating") {
-        call = [&] {
-            attnkit::self_gating_options o;
-            o.causal = true;
-            o.pool = pool;
-            attnkit::self_gating_attention(q, k, v, out, o);
-        };
-    } else if (variant == "static_qk") {
-        call = [&] {
-            attnkit::static_qk_options o;
-            o.pool = pool;
-            attnkit::static_qk_attention(q, k, v, out, o);
-        };
-    } else if (variant == "mta") {
-        call = [&] { attnkit::mta_attention(q, k, v, out, mta_layer().options(pool)); };
-    } else if (variant == "mlp") {
+    explicit mlp_case(index_t rows) {
         const index_t d = kH * kD, m = attnkit::gated_mlp_width(d);
-        x = tensor2(L, d);
-        y = tensor2(L, d);
+        x = tensor2(rows, d);
+        y = tensor2(rows, d);
         wg = tensor2(d, m);
         wu = tensor2(d, m);
         wd = tensor2(m, d);
@@ -169,11 +136,55 @@ void prefill(benchmark::State& st, const std::string& variant, index_t L, int th
         fill(wg, 5, 0.05f);
         fill(wu, 6, 0.05f);
         fill(wd, 7, 0.05f);
-        call = [&] {
-            attnkit::gated_mlp_options o;
-            o.pool = pool;
-            attnkit::gated_mlp(x, wg, wu, wd, y, o);
-        };
+    }
+    void run(attnkit::thread_pool* pool) {
+        attnkit::gated_mlp_options o;
+        o.pool = pool;
+        attnkit::gated_mlp(x, wg, wu, wd, y, o);
+    }
+};
+
+// One causal prefill of a token-mixing variant through its public entry point.
+void attention_call(const std::string& variant, const tensor4& q, const tensor4& k, const tensor4& v, tensor4& out,
+                    attnkit::thread_pool* pool) {
+    if (variant == "softmax") {
+        attnkit::softmax_options o;
+        o.causal = true;
+        o.pool = pool;
+        attnkit::softmax_attention(q, k, v, out, o);
+    } else if (variant == "taylor") {
+        attnkit::taylor_options o;
+        o.causal = true;
+        o.pool = pool;
+        attnkit::taylor_attention(q, k, v, out, o);
+    } else if (variant == "self_gating") {
+        attnkit::self_gating_options o;
+        o.causal = true;
+        o.pool = pool;
+        attnkit::self_gating_attention(q, k, v, out, o);
+    } else if (variant == "static_qk") {
+        attnkit::static_qk_options o;
+        o.pool = pool;
+        attnkit::static_qk_attention(q, k, v, out, o);
+    } else if (variant == "mta") {
+        attnkit::mta_attention(q, k, v, out, mta_layer().options(pool));
+    }
+}
+
+void prefill(benchmark::State& st, const std::string& variant, index_t L, int threads) {
+    attnkit::thread_pool* pool = shared_pool(threads);
+    std::function<void()> call;
+    std::unique_ptr<mlp_case> mlp;
+    tensor4 q, k, v, out;
+    if (variant == "mlp") {
+        mlp = std::make_unique<mlp_case>(L);
+        call = [&] { mlp->run(pool); };
+    } else {
+        q = bshd(L, 1);
+        k = bshd(L, 2);
+        v = bshd(L, 3);
+        out = tensor4(1, L, kH, kD);
+        call = [&] { attention_call(variant, q, k, v, out, pool); };
     }
     call();  // warm-up: scratch, page faults
     for (auto _ : st) {
@@ -199,7 +210,7 @@ struct decode_setup {
     std::unique_ptr<attnkit::self_gating_state> gs;
     std::unique_ptr<attnkit::mta_state> ms;
     std::unique_ptr<attnkit::static_attention_map> map;
-    tensor2 x, y, wg, wu, wd;
+    std::unique_ptr<mlp_case> mlp;
 
     decode_setup(const std::string& variant, index_t ctx, int threads) : pool(shared_pool(threads)) {
     const double kv_bytes = 2.0 * static_cast<double>(ctx) * kH * kD * sizeof(float);
@@ -254,22 +265,9 @@ struct decode_setup {
         state_bytes = kv_bytes + 5.0 * kH * (kD + 2.0 * static_cast<double>(ctx)) * sizeof(float);
         call = [&] { ms->step(q1, k1, v1, out1); };
     } else if (variant == "mlp") {
-        const index_t d = kH * kD, m = attnkit::gated_mlp_width(d);
-        x = tensor2(1, d);
-        y = tensor2(1, d);
-        wg = tensor2(d, m);
-        wu = tensor2(d, m);
-        wd = tensor2(m, d);
-        fill(x, 4);
-        fill(wg, 5, 0.05f);
-        fill(wu, 6, 0.05f);
-        fill(wd, 7, 0.05f);
+        mlp = std::make_unique<mlp_case>(1);
         state_bytes = 0.0;
-        call = [&] {
-            attnkit::gated_mlp_options o;
-            o.pool = pool;
-            attnkit::gated_mlp(x, wg, wu, wd, y, o);
-        };
+        call = [&] { mlp->run(pool); };
     }
     }
 };
