@@ -134,36 +134,14 @@ void gated_mlp_impl(const view<const float, R>& x, const view<const float, 2>& w
     });
 }
 
-template <class W>
-auto weight_view(const char* name, const W& w, const char* layout) {
-    static_assert(std::is_same<scalar_of<W>, float>::value, "attnkit::gated_mlp: float weights");
-    return input_view<2>(name, w, layout);
-}
 
 }  // namespace detail
 
 template <class X, class WG, class WU, class WD, class O>
 void gated_mlp(const X& x, const WG& w_gate, const WU& w_up, const WD& w_down, O&& out,
                const gated_mlp_options& opts = {}) {
-    using traits = detail::tensor_traits<std::decay_t<X>>;
-    static_assert(traits::kIsTensorish, "attnkit takes attnkit::view, Eigen::Tensor or Eigen::TensorMap");
-    static_assert(std::is_same<detail::scalar_of<X>, float>::value, "attnkit::gated_mlp: float x");
-    constexpr int R = traits::kRank;
-    constexpr int RO = detail::tensor_traits<std::decay_t<O>>::kRank;
-    if constexpr (R != 2 && R != 3) {
-        detail::throw_rank("x", 2, x, "[N, d_model] (or rank 3 [B, L, d_model])");
-    } else if constexpr (RO != R) {  // x picks the rank; out must follow it
-        detail::throw_rank("out", R, out, detail::gated_mlp_layout(R));
-    } else {
-        const char* layout = detail::gated_mlp_layout(R);
-        const auto xv = detail::input_view<R>("x", x, layout);
-        const auto wg = detail::weight_view("w_gate", w_gate, "[d_model, m]");
-        const auto wu = detail::weight_view("w_up", w_up, "[d_model, m]");
-        const auto wd = detail::weight_view("w_down", w_down, "[m, d_model]");
-        const auto ov = detail::output_view<R>("out", out, layout);
-        static_assert(std::is_same<typename decltype(ov)::value_type, float>::value, "attnkit::gated_mlp: float out");
-        detail::gated_mlp_impl<simd::default_arch, R>(xv, wg, wu, wd, ov, opts);
-    }
+    const auto a = detail::gated_mlp_arguments(x, w_gate, w_up, w_down, std::forward<O>(out));
+    detail::gated_mlp_impl<simd::default_arch, decltype(a.x)::kRank>(a.x, a.w_gate, a.w_up, a.w_down, a.out, opts);
 }
 
 }  // namespace attnkit

@@ -51,21 +51,8 @@ void run(const view<const float, R>& x, const view<const float, 2>& wg, const vi
 template <class X, class WG, class WU, class WD, class O>
 void gated_mlp(const X& x, const WG& w_gate, const WU& w_up, const WD& w_down, O&& out,
                const gated_mlp_options& = {}) {
-    constexpr int R = detail::tensor_traits<std::decay_t<X>>::kRank;
-    static_assert(std::is_same<detail::scalar_of<X>, float>::value, "reference::gated_mlp: float x");
-    constexpr int RO = detail::tensor_traits<std::decay_t<O>>::kRank;
-    if constexpr (R != 2 && R != 3) {
-        detail::throw_rank("x", 2, x, "[N, d_model] (or rank 3 [B, L, d_model])");
-    } else if constexpr (RO != R) {  // x picks the rank; out must follow it
-        detail::throw_rank("out", R, out, detail::gated_mlp_layout(R));
-    } else {
-        const char* layout = detail::gated_mlp_layout(R);
-        gated_mlp_impl::run<R>(detail::input_view<R>("x", x, layout),
-                               detail::input_view<2>("w_gate", w_gate, "[d_model, m]"),
-                               detail::input_view<2>("w_up", w_up, "[d_model, m]"),
-                               detail::input_view<2>("w_down", w_down, "[m, d_model]"),
-                               detail::output_view<R>("out", out, layout));
-    }
+    const auto a = detail::gated_mlp_arguments(x, w_gate, w_up, w_down, std::forward<O>(out));
+    gated_mlp_impl::run<decltype(a.x)::kRank>(a.x, a.w_gate, a.w_up, a.w_down, a.out);
 }
 
 }  // namespace reference

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "attnkit/detail/check.hpp"
 #include "attnkit/detail/memory_overlap.hpp"
@@ -43,6 +45,32 @@ gated_mlp_shape check_gated_mlp(const view<const float, R>& x, const view<const 
     index_t rows = 1;
     for (int i = 0; i < R - 1; ++i) rows *= x.dims[i];
     return {rows, d, m};
+}
+
+// The public arguments as views, named for messages; shared by the kernel and the oracle. x
+// picks the rank (2 or 3, checked at compile time) and out must have the same.
+template <int R>
+struct gated_mlp_views {
+    view<const float, R> x;
+    view<const float, 2> w_gate, w_up, w_down;
+    view<float, R> out;
+};
+
+template <class X, class WG, class WU, class WD, class O>
+auto gated_mlp_arguments(const X& x, const WG& w_gate, const WU& w_up, const WD& w_down, O&& out) {
+    using traits = tensor_traits<std::decay_t<X>>;
+    static_assert(traits::kIsTensorish, "attnkit takes attnkit::view, Eigen::Tensor or Eigen::TensorMap");
+    constexpr int R = traits::kRank;
+    static_assert(R == 2 || R == 3, "attnkit::gated_mlp: x must be rank 2 [N, d_model] or rank 3 [B, L, d_model]");
+    static_assert(tensor_traits<std::decay_t<O>>::kRank == R, "attnkit::gated_mlp: out must have the rank of x");
+    static_assert(std::is_same<scalar_of<X>, float>::value && std::is_same<scalar_of<WG>, float>::value &&
+                      std::is_same<scalar_of<WU>, float>::value && std::is_same<scalar_of<WD>, float>::value &&
+                      std::is_same<scalar_of<O>, float>::value,
+                  "attnkit::gated_mlp: float tensors");
+    const char* layout = gated_mlp_layout(R);
+    return gated_mlp_views<R>{input_view<R>("x", x, layout), input_view<2>("w_gate", w_gate, "[d_model, m]"),
+                              input_view<2>("w_up", w_up, "[d_model, m]"), input_view<2>("w_down", w_down, "[m, d_model]"),
+                              output_view<R>("out", std::forward<O>(out), layout)};
 }
 
 }  // namespace detail
