@@ -574,3 +574,41 @@ TEST(SelfGating, PrefixOracleMatchesTheMaterialisingOracle) {
 }
 
 }  // namespace
+
+namespace {
+
+// A gate of -inf (an infinite key) weighs exp(-inf) = 0, as the oracle and softmax treat an
+// -inf score: that token drops out of every row, other tokens and heads keep finite results,
+// a row that sees only it outputs zeros. Also when it is the first token (the state is empty).
+TEST(SelfGating, MinusInfGateWeighsZero) {
+    const index_t L = 70, H = 2, D = 8, Dv = 5;
+    tensor4<float> q = random_bshd(1, L, H, D, distribution::gaussian, 90);
+    tensor4<float> k = random_bshd(1, L, H, D, distribution::gaussian, 91);
+    const tensor4<float> v = random_bshd(1, L, H, Dv, distribution::gaussian, 92);
+    for (index_t j : {index_t(0), index_t(33)}) {
+        for (index_t d = 0; d < D; ++d) k(0, j, 0, d) = 0.0f;
+        q(0, j, 0, 0) = 1.0f;
+        k(0, j, 0, 0) = -std::numeric_limits<float>::infinity();
+    }
+    attnkit::thread_pool pool(3);
+    for (bool causal : {false, true})
+        for (attnkit::thread_pool* tp : {static_cast<attnkit::thread_pool*>(nullptr), &pool}) {
+            self_gating_options o;
+            o.causal = causal;
+            o.pool = tp;
+            const tensor4<double> want = run_reference(q, k, v, o);
+            const tensor4<float> got = run_fast(q, k, v, o);
+            for (index_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(got.data()[i])) << i << " " << causal;
+            EXPECT_TRUE(all_close(got, want, 1e-5, 1e-6)) << causal;
+            if (causal) {
+                attnkit::self_gating_state st(1, H, H, D, Dv, o);
+                tensor4<float> a = make_bshd<float>(1, 1, H, Dv, kNaN), rest = make_bshd<float>(1, L - 1, H, Dv, kNaN);
+                st.step(rows(q, 0, 1), rows(k, 0, 1), rows(v, 0, 1), a);
+                st.step(rows(q, 1, L - 1), rows(k, 1, L - 1), rows(v, 1, L - 1), rest);
+                EXPECT_TRUE(all_close(a, rows(want, 0, 1), 1e-5, 1e-6));
+                EXPECT_TRUE(all_close(rest, rows(want, 1, L - 1), 1e-5, 1e-6));
+            }
+        }
+}
+
+}  // namespace

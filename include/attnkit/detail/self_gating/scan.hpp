@@ -135,8 +135,9 @@ ATTNKIT_NOINLINE void scan_rows(const problem& p, index_t b, index_t hk0, index_
                     z = z * alpha_s + 1.0f;
                     m = gate;
                 } else {
-                    // Below the maximum, or NaN (propagates through p into z and n).
-                    const float pj = std::exp(gate - m);
+                    // Below the maximum, or NaN (propagates through p into z and n). A gate of
+                    // -inf weighs 0 even while the state is empty (exp(-inf - -inf) is NaN).
+                    const float pj = gate == -HUGE_VALF ? 0.0f : std::exp(gate - m);
                     const V pv(pj);
                     index_t c = 0;
                     for (; c + W <= dv; c += W) simd::storeu(n + c, simd::fma(pv, simd::loadu<A>(vr + c), simd::loadu<A>(n + c)));
@@ -146,7 +147,7 @@ ATTNKIT_NOINLINE void scan_rows(const problem& p, index_t b, index_t hk0, index_
                 st.m[hh] = m;
                 st.z[hh] = z;
                 if (dst) {
-                    store_scaled<A>(dst->row(l - l0, hh), n, 1.0f / z, dv, stream);
+                    store_scaled<A>(dst->row(l - l0, hh), n, z == 0.0f ? 0.0f : 1.0f / z, dv, stream);
                     mz[2 * ((l - l0) * nh + hh)] = m;
                     mz[2 * ((l - l0) * nh + hh) + 1] = z;
                 }
