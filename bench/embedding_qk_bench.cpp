@@ -31,12 +31,6 @@
 namespace attnkit_bench {
 namespace {
 
-double process_cpu_seconds() {
-    timespec ts{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 using tensor2 = Eigen::Tensor<float, 2, Eigen::RowMajor>;
 using tensor3 = Eigen::Tensor<float, 3, Eigen::RowMajor>;
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -108,14 +102,7 @@ void BM_projection(benchmark::State& state, bool one_gemm, int threads) {
     const float probe = one_gemm ? qk(0, L - 1, W - 1) : outs.back()(L - 1, per - 1);
     if (!std::isfinite(probe)) state.SkipWithError("non-finite output");
     const double flops = 2.0 * static_cast<double>(L) * static_cast<double>(d) * static_cast<double>(W);
-    state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
-    state.counters["peak_frac"] =
-        flops * static_cast<double>(state.iterations()) / seconds / machine_peak_flops(threads);
-    // The same work over the CPU time the process got (all threads): on a shared machine, what
-    // the cores did while they ran this benchmark, against the per-thread peak (itself measured
-    // in thread CPU time).
-    state.counters["cpu_peak_frac"] =
-        flops * static_cast<double>(state.iterations()) / std::max(cpu_seconds, 1e-9) / machine_peak_flops(1);
+    set_flop_counters(state, flops, seconds, cpu_seconds, threads);
 }
 
 void register_projection() {

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include <time.h>
+
 #include <Eigen/Core>
 #include <benchmark/benchmark.h>
 
@@ -45,6 +47,24 @@ inline int bench_repetitions_env() {
 inline bool bench_quick() {
     const char* e = std::getenv("ATTNKIT_BENCH_QUICK");
     return e && *e && std::strcmp(e, "0") != 0;
+}
+
+// CPU seconds of the whole process (every thread), for cpu_peak_frac.
+inline double process_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// FLOP/s, peak_frac (over the wall time and the in-run FMA peak of `threads` threads) and
+// cpu_peak_frac (the same work over the CPU time the process got, against the one-thread peak:
+// on a shared machine, what the cores did while they ran this benchmark) of a compute-bound
+// case that did `flops` useful FLOPs per iteration.
+inline void set_flop_counters(benchmark::State& state, double flops, double seconds, double cpu_seconds, int threads) {
+    state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+    const double iters = static_cast<double>(state.iterations());
+    state.counters["peak_frac"] = flops * iters / seconds / machine_peak_flops(threads);
+    state.counters["cpu_peak_frac"] = flops * iters / (cpu_seconds > 1e-9 ? cpu_seconds : 1e-9) / machine_peak_flops(1);
 }
 
 namespace detail_main {
