@@ -1,4 +1,4 @@
-// Bad arguments (DESIGN.md "Errors"): every entry point throws std::invalid_argument naming the
+// Bad arguments (docs/design.md "Errors"): every entry point throws std::invalid_argument naming the
 // argument and its actual shape or value, and writes nothing to out or lse.
 //
 // The tests are typed over entry points. To run them against another implementation with the

@@ -1,4 +1,4 @@
-// attnkit: a small fork-join thread pool owned by the caller (DESIGN.md, "Threads").
+// attnkit: a small fork-join thread pool owned by the caller (docs/design.md, "Threads").
 #pragma once
 
 #include <algorithm>

@@ -7,7 +7,7 @@
 // the fast kernels except the views and the validation routines (attnkit/detail/check.hpp).
 // It exists to be obviously right, not fast: tests and benchmarks hold the kernels against it.
 //
-// Semantics (DESIGN.md "Conventions", variants.md section 1), per batch b, query head h,
+// Semantics (docs/design.md "Conventions", docs/variants.md section 1), per batch b, query head h,
 // query i, with key/value head kvh = h / (H / Hk) and query position p = i + (Lk - Lq):
 //   s_ij   = scale * <q_i, k_j>                    scale = opts.scale, or 1/sqrt(D) when 0
 //   s_ij   = softcap * tanh(s_ij / softcap)        only when opts.softcap > 0
@@ -27,7 +27,7 @@
 //
 // Decisions where the brief leaves room:
 //  - Chunked local attention (chunk > 0) is causal within the chunk, as in Llama-4: chunk > 0
-//    implies j <= p whether or not opts.causal is set ("combined with causal" in DESIGN.md).
+//    implies j <= p whether or not opts.causal is set ("combined with causal" in docs/design.md).
 //  - The query position p uses the tensor length Lk, not key_lengths[b]; key_lengths is a pure
 //    key mask on top of the other masks (docs/design.md, "key_lengths and causal alignment").
 //  - Sinks are raw logits: they are neither scaled nor soft-capped, and have a zero value.
