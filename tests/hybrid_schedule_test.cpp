@@ -68,7 +68,10 @@ TEST(HybridSchedule, ScaledTo6Layers) {
     EXPECT_EQ(standard_layers("even", 6), (std::set<int>{2, 4, 6}));
     EXPECT_EQ(standard_layers("odd", 6), (std::set<int>{1, 3, 5}));
     EXPECT_EQ(standard_layers("top", 6), range(1, 3));
-    EXPECT_EQ(standard_layers("middle", 6), (std::set<int>{1, 6}));
+    EXPECT_EQ(standard_layers("middle", 6), (std::set<int>{1, 2, 5, 6}));  // round(6/4) = 2 at each end
+    EXPECT_EQ(standard_layers("middle", 5), (std::set<int>{1, 5}));
+    EXPECT_EQ(standard_layers("middle", 7), (std::set<int>{1, 2, 6, 7}));
+    EXPECT_EQ(standard_layers("middle", 3), (std::set<int>{1, 3}));
     EXPECT_EQ(standard_layers("bottom", 6), range(4, 6));
     EXPECT_EQ(standard_layers("25%", 6), std::set<int>{4});
     EXPECT_EQ(standard_layers("first", 6), std::set<int>{1});

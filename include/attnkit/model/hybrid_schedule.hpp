@@ -14,7 +14,8 @@
 // At other depths n the pattern is scaled by its rule, so that 24 gives the table exactly:
 //   even / odd: every 2nd layer (1-indexed even / odd); 25%: every 4th (1-indexed multiples of
 //   4); top: the first floor(n/2) layers standard (the variant in the top half); bottom: the
-//   last floor(n/2); middle: the first and last floor(n/4) layers standard (the variant in the
+//   last floor(n/2); middle: the first and last round(n/4) layers standard (halves round up,
+//   so that 6 layers keep 1-2 and 5-6 rather than collapsing to bilateral; the variant in the
 //   middle); first / last / bilateral: layer 1 / layer n / both.
 // An unknown name throws std::invalid_argument listing the valid ones.
 #pragma once
@@ -56,7 +57,8 @@ inline std::vector<bool> hybrid_schedule(const std::string& name, index_t n_laye
     } else if (name == "bottom") {
         set([&](index_t l) { return l > n - n / 2; });
     } else if (name == "middle") {
-        set([&](index_t l) { return l <= n / 4 || l > n - n / 4; });
+        const index_t q = (n + 2) / 4;  // round(n / 4), halves up
+        set([&](index_t l) { return l <= q || l > n - q; });
     } else if (name == "25%") {
         set([](index_t l) { return l % 4 == 0; });
     } else if (name == "first") {
