@@ -844,6 +844,26 @@ void expect_exact_loads() {
 TYPED_TEST(Simd, Bfloat16LoadsAreExactForEveryPattern) { expect_exact_loads<TypeParam, Eigen::bfloat16>(); }
 TYPED_TEST(Simd, HalfLoadsAreExactForEveryPattern) { expect_exact_loads<TypeParam, Eigen::half>(); }
 
+// load_bf16_pairs: lane i of even is element 2i, of odd element 2i + 1, exactly, for every pattern.
+TYPED_TEST(Simd, Bfloat16PairLoadsSplitEvenAndOddElements) {
+    using A = TypeParam;
+    constexpr index_t W = simd::kLanes<A>;
+    const std::vector<Eigen::bfloat16> src = all_patterns<Eigen::bfloat16>();
+    for (std::size_t i = 0; i + static_cast<std::size_t>(2 * W) <= 65536; i += static_cast<std::size_t>(2 * W) - 1) {
+        simd::vfloat<A> e, o;
+        simd::load_bf16_pairs<A>(src.data() + i, e, o);
+        float ev[64], ov[64];
+        simd::storeu(ev, e);
+        simd::storeu(ov, o);
+        for (index_t l = 0; l < W; ++l) {
+            const double we = bf16_bits_to_double(static_cast<std::uint16_t>(i + 2 * static_cast<std::size_t>(l)));
+            const double wo = bf16_bits_to_double(static_cast<std::uint16_t>(i + 2 * static_cast<std::size_t>(l) + 1));
+            if (std::isnan(we)) ASSERT_TRUE(std::isnan(ev[l])); else ASSERT_EQ(static_cast<double>(ev[l]), we) << i << " lane " << l;
+            if (std::isnan(wo)) ASSERT_TRUE(std::isnan(ov[l])); else ASSERT_EQ(static_cast<double>(ov[l]), wo) << i << " lane " << l;
+        }
+    }
+}
+
 TYPED_TEST(Simd, HsumEachReducesEveryVector) {
     using A = TypeParam;
     using V = simd::vfloat<A>;

@@ -35,6 +35,22 @@ constexpr index_t kRowKernelBlockKeys = 64;
 constexpr index_t kRowValueKeys = 4;
 constexpr index_t kRowScoreKeys = 4;
 
+// bfloat16 K/V are read two vectors at a time in the pair order of simd::load_bf16_pairs (even
+// elements, then odd ones, per 2W), one shift and one mask per 2W elements; the float operands
+// they meet (the packed queries, the output rows) are kept in the same order over the first
+// floor(n / 2W) * 2W elements of a row, natural order after that, and put back before emit.
+template <class A, class T>
+constexpr bool kPairOrder = std::is_same<T, Eigen::bfloat16>::value && !std::is_same<A, simd::scalar_arch>::value;
+
+// Where element c of an n-element row sits in pair order.
+template <class A>
+inline index_t pair_pos(index_t c, index_t n) {
+    constexpr index_t W2 = 2 * simd::kLanes<A>;
+    if (c >= n / W2 * W2) return c;
+    const index_t i = c % W2;
+    return c - i + (i % 2) * (W2 / 2) + i / 2;
+}
+
 // out[u] = <q, k_u> for kRowScoreKeys keys at once: independent accumulators hide FMA latency
 // and one q load feeds them all.
 template <class A, class T>
@@ -45,6 +61,21 @@ ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const T* k, index_t k_stri
     V acc[KG];
     for (index_t u = 0; u < KG; ++u) acc[u] = V(0.0f);
     index_t d = 0;
+    if constexpr (kPairOrder<A, T>) {
+        V acc2[KG];
+        for (index_t u = 0; u < KG; ++u) acc2[u] = V(0.0f);
+        for (; d + 2 * W <= dim; d += 2 * W) {
+            const V qe = simd::loadu<A>(q + d), qo = simd::loadu<A>(q + d + W);
+#pragma GCC unroll 16
+            for (index_t u = 0; u < KG; ++u) {
+                V e, o;
+                simd::load_bf16_pairs<A>(k + u * k_stride + d, e, o);
+                acc[u] = simd::fma(qe, e, acc[u]);
+                acc2[u] = simd::fma(qo, o, acc2[u]);
+            }
+        }
+        for (index_t u = 0; u < KG; ++u) acc[u] += acc2[u];
+    }
     for (; d + W <= dim; d += W) {
         const V qv = simd::loadu<A>(q + d);
 #pragma GCC unroll 16
@@ -73,6 +104,14 @@ ATTNKIT_ALWAYS_INLINE float score_key(const float* q, const T* k, index_t dim) {
     constexpr index_t W = simd::kLanes<A>;
     V a(0.0f);
     index_t d = 0;
+    if constexpr (kPairOrder<A, T>) {
+        for (; d + 2 * W <= dim; d += 2 * W) {
+            V e, o;
+            simd::load_bf16_pairs<A>(k + d, e, o);
+            a = simd::fma(simd::loadu<A>(q + d), e, a);
+            a = simd::fma(simd::loadu<A>(q + d + W), o, a);
+        }
+    }
     for (; d + W <= dim; d += W) a = simd::fma(simd::loadu<A>(q + d), simd::load_float<A>(k + d), a);
     if (d < dim) a = simd::fma(simd::loadu<A>(q + d), simd::load_float_partial<A>(k + d, dim - d), a);
     return simd::hsum(a);
@@ -87,6 +126,20 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, const T* v,
     V pv[KU];
     for (index_t u = 0; u < KU; ++u) pv[u] = V(p[u]);
     index_t c = 0;
+    if constexpr (kPairOrder<A, T>) {
+        for (; c + 2 * W <= dim_v; c += 2 * W) {
+            V ae = simd::loadu<A>(o + c), ao = simd::loadu<A>(o + c + W);
+#pragma GCC unroll 8
+            for (index_t u = 0; u < KU; ++u) {
+                V e, od;
+                simd::load_bf16_pairs<A>(v + u * v_stride + c, e, od);
+                ae = simd::fma(pv[u], e, ae);
+                ao = simd::fma(pv[u], od, ao);
+            }
+            simd::storeu(o + c, ae);
+            simd::storeu(o + c + W, ao);
+        }
+    }
     for (; c + W <= dim_v; c += W) {
         V a = simd::loadu<A>(o + c);
 #pragma GCC unroll 8
@@ -107,6 +160,14 @@ ATTNKIT_ALWAYS_INLINE void axpy(float* o, float p, const T* v, index_t dim_v) {
     constexpr index_t W = simd::kLanes<A>;
     const V pv(p);
     index_t c = 0;
+    if constexpr (kPairOrder<A, T>) {
+        for (; c + 2 * W <= dim_v; c += 2 * W) {
+            V e, od;
+            simd::load_bf16_pairs<A>(v + c, e, od);
+            simd::storeu(o + c, simd::fma(pv, e, simd::loadu<A>(o + c)));
+            simd::storeu(o + c + W, simd::fma(pv, od, simd::loadu<A>(o + c + W)));
+        }
+    }
     for (; c + W <= dim_v; c += W)
         simd::storeu(o + c, simd::fma(pv, simd::load_float<A>(v + c), simd::loadu<A>(o + c)));
     for (; c < dim_v; ++c) o[c] += p * simd::to_float(v[c]);
@@ -145,7 +206,10 @@ void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1,
     index_t min_lo = ks1, max_hi = ks0;
     for (index_t r = 0; r < R; ++r) {
         const auto* qr = p.q.row(rb.b, rb.pos(r), rb.head(r));
-        for (index_t d = 0; d < D; ++d) qs[r * Dp + d] = simd::to_float(qr[d]) * p.q_scale;
+        for (index_t d = 0; d < D; ++d) {
+            const index_t at = kPairOrder<A, KT> ? pair_pos<A>(d, D) : d;
+            qs[r * Dp + at] = simd::to_float(qr[d]) * p.q_scale;
+        }
         row_interval(mp, rb.pos(r), ks0, ks1, lo[r], hi[r]);
         if (lo[r] < hi[r]) {
             min_lo = std::min(min_lo, lo[r]);
@@ -224,10 +288,16 @@ void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1,
         }
     }
 
+    std::vector<float> natural(kPairOrder<A, VT> ? static_cast<std::size_t>(Dv) : 0);
     for (index_t r = 0; r < R; ++r) {
         const float inv = row_inv_sum(l[r]);
-        for (index_t c = 0; c < Dv; ++c) o[r * Dv + c] *= inv;
-        emit(r, o + r * Dv, row_lse(m[r], l[r]));
+        float* orow = o + r * Dv;
+        for (index_t c = 0; c < Dv; ++c) orow[c] *= inv;
+        if constexpr (kPairOrder<A, VT>) {
+            for (index_t c = 0; c < Dv; ++c) natural[static_cast<std::size_t>(c)] = orow[pair_pos<A>(c, Dv)];
+            orow = natural.data();
+        }
+        emit(r, orow, row_lse(m[r], l[r]));
     }
 }
 

@@ -150,6 +150,50 @@ ATTNKIT_ALWAYS_INLINE vfloat<A> load_float(const Eigen::half* p) noexcept {
     }
 }
 
+// 2W bfloat16 at p as two float vectors, even = elements 0, 2, 4, ... and odd = 1, 3, 5, ...: a
+// fixed permutation that costs one shift and one mask per 2W elements (where load_float needs
+// a widening shuffle and a shift per W), for kernels that keep their float operands in the same
+// permuted order (a dot product or an axpy does not care about the order of its elements).
+template <class A>
+ATTNKIT_ALWAYS_INLINE void load_bf16_pairs(const Eigen::bfloat16* p, vfloat<A>& even, vfloat<A>& odd) noexcept {
+    constexpr index_t W = kLanes<A>;
+    using B = vfloat<A>;
+    if constexpr (std::is_same<A, scalar_arch>::value) {
+        even = scalar_float(to_float(p[0]));
+        odd = scalar_float(to_float(p[1]));
+        return;
+    } else {
+#if defined(__AVX512F__)
+        if constexpr (W == 16) {
+            const __m512i x = _mm512_loadu_si512(static_cast<const void*>(p));
+            even = B(_mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), x, 16)));
+            odd = B(_mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u)))));
+            return;
+        }
+#endif
+#if defined(__AVX2__)
+        if constexpr (W == 8) {
+            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+            even = B(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
+            odd = B(_mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u)))));
+            return;
+        }
+#endif
+#if defined(__SSE2__)
+        if constexpr (W == 4) {
+            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+            even = B(_mm_castsi128_ps(_mm_slli_epi32(x, 16)));
+            odd = B(_mm_castsi128_ps(_mm_and_si128(x, _mm_set1_epi32(static_cast<int>(0xffff0000u)))));
+            return;
+        }
+#endif
+        alignas(64) float e[W], o[W];
+        for (index_t i = 0; i < W; ++i) e[i] = to_float(p[2 * i]), o[i] = to_float(p[2 * i + 1]);
+        even = loadu<A>(e);
+        odd = loadu<A>(o);
+    }
+}
+
 // n < W elements; the other lanes are 0 and nothing at or past p + n is read.
 template <class A, class T>
 ATTNKIT_ALWAYS_INLINE vfloat<A> load_float_partial(const T* p, index_t n) noexcept {
