@@ -54,7 +54,8 @@ struct forward_plan {
 // sets' V tiles over more rows (measured, static QK, B = 8 / 16, L = 2048, D = 64: 112 / 64
 // rows 0.65x / 0.81x of softmax_attention's time, 256 rows 0.53x / 0.50x). An item carries
 // n_sets items' work and its split-KV partials are n_sets times larger, so it counts n_sets
-// times towards kTargetWorkItems (split at B = 8, L = 1024: 0.73x of softmax; unsplit: ~0.55x).
+// times towards kTargetWorkItems (static QK, B = 8, L = 1024, 1 thread: split 0.73x of softmax's
+// time, unsplit 0.56x).
 template <class A>
 forward_plan make_plan(const attention_shape& s, bool allow_row_path = true, index_t n_sets = 1) {
     forward_plan pl;
