@@ -19,7 +19,7 @@
 //   decoder/<schedule>/<variant>/decode/threads:1   70M shape (d_model 512, 6 layers, 8 heads):
 //                                                   a 512-token prompt, then decode steps
 //   (every schedule except "even", which is "hybrid", with every variant; the baseline is
-//   decoder/uniform/standard; quick mode keeps uniform, hybrid and middle)
+//   decoder/uniform/standard; quick mode keeps uniform and middle)
 //
 // Counters: tokens/s (prefill: L / time; decode: 1 / time), state_bytes (what decode keeps at
 // context N: the KV cache, the running state, the map), state_bytes_per_token (state_bytes / N).
@@ -339,7 +339,7 @@ void decoder_run(benchmark::State& st, const std::string& schedule, const std::s
 void register_decoder(bool quick) {
     std::vector<std::string> schedules;
     for (const std::string& s : attnkit::model::hybrid_schedule_names())
-        if (s != "even" && (!quick || s == "uniform" || s == "hybrid" || s == "middle")) schedules.push_back(s);
+        if (s != "even" && (!quick || s == "uniform" || s == "middle")) schedules.push_back(s);
     std::vector<std::string> variants;
     for (const auto& v : attnkit::model::attention_variant_names())
         if (v.first != "standard") variants.push_back(v.first);

@@ -198,7 +198,7 @@ def main(argv):
         elif parts[0] == "decoder" and len(parts) >= 4:
             tps = counters.get("tokens/s") or counters.get("tokens_per_second")
             if tps:
-                schedules["%s %s" % (parts[3], threads)][(parts[1], parts[2])] = tps
+                schedules["%s, %s thread(s)" % (parts[3], threads)][(parts[1], parts[2])] = tps
 
     written = []
     md = summary(runs, label)
