@@ -1,4 +1,4 @@
-// attnkit benchmarks: the StaticEmbQK projection (variants.md section 5).
+// attnkit benchmarks: the StaticEmbQK projection (docs/variants.md section 5).
 //
 // Shape: 24 layers, d_model = 896, H = Hk = 14, D = 64, B = 1, L = 2048 (every layer's Q and K:
 // 43008 columns), threads 1 and 2. Families:

@@ -1,4 +1,4 @@
-// attnkit benchmarks: the gated MLP ("MLP", no token mixing; variants.md section 6).
+// attnkit benchmarks: the gated MLP ("MLP", no token mixing; docs/variants.md section 6).
 //
 // Families (rows of the bench_report table), N = 2048 tokens, d_model in {512, 896},
 // m = gated_mlp_width(d_model), threads 1 and 2:

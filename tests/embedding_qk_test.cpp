@@ -1,4 +1,4 @@
-// StaticEmbQK (variants.md section 5): the one-GEMM projection against plain loops
+// StaticEmbQK (docs/variants.md section 5): the one-GEMM projection against plain loops
 // (attnkit::reference::embedding_qk_projection and the per-layer products of the unstacked
 // weights), the per-layer views (contents, strides, data inside qk), softmax_attention on the
 // views equal to the same attention on copies, thread determinism, and bad layouts / widths /

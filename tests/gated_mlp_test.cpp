@@ -1,4 +1,4 @@
-// attnkit::gated_mlp against attnkit::reference::gated_mlp (variants.md section 6): shapes from
+// attnkit::gated_mlp against attnkit::reference::gated_mlp (docs/variants.md section 6): shapes from
 // 1 x 1 x 1 to d_model 512 / m 683 around the SIMD width and the block edges, rank 2 and 3,
 // strided inputs and outputs, the three input distributions, extreme gates, NaN isolation,
 // bitwise identical results for 1, 2 and 3 threads, and every bad input rejected before a

@@ -2,7 +2,7 @@
 // (attnkit::reference::self_gating_attention) and against a plain double prefix scan written
 // here (for lengths where the oracle's L x L matrix is too slow).
 //
-// Tolerances (DESIGN.md "Quality bar"; compare.hpp): tolerance_for(kOutEps, max|v| * (1 + S)),
+// Tolerances (docs/design.md "Quality bar"; compare.hpp): tolerance_for(kOutEps, max|v| * (1 + S)),
 // S = scale * max|q_j| * max|k_j| bounding |g_j| (Cauchy-Schwarz). A float gate carries an
 // absolute error of a few eps * S, which becomes a relative error of its weight, so the bound
 // grows with the gates (~1e3 with inputs scaled by 8 and 16) as it must. kOutEps = 16.
@@ -450,7 +450,7 @@ TEST(SelfGating, BadInputThrowsBeforeWriting) {
 
 }  // namespace
 
-// ---- memory: outputs over inputs (DESIGN.md "Errors"; everything softmax rejects) -------------
+// ---- memory: outputs over inputs (docs/design.md "Errors"; everything softmax rejects) -------------
 
 namespace {
 
@@ -527,7 +527,7 @@ TEST(SelfGatingState, StepWithOutputOverAnInputThrowsAndChangesNothing) {
 }
 
 // A state holds exactly the tokens appended to it, and each new query sees all of them (the
-// taylor_state contract, DESIGN.md): key_lengths, an absolute-position cut, would silently mask
+// taylor_state contract, docs/design.md): key_lengths, an absolute-position cut, would silently mask
 // every decode token of a right-padded item, so a state rejects them, as taylor_state does.
 TEST(SelfGatingState, RejectsKeyLengths) {
     self_gating_options o;

@@ -24,7 +24,7 @@
 //                 garbage past key_lengths; fully masked rows; empty sequences.
 // Bad arguments are covered by check_test.cpp (typed over the reference and this kernel).
 //
-// Tolerances (DESIGN.md "Quality bar"; compare.hpp): output tolerance_for(kOutEps, max|v| *
+// Tolerances (docs/design.md "Quality bar"; compare.hpp): output tolerance_for(kOutEps, max|v| *
 // (1 + S)), lse tolerance_for(kLseEps, 1 + max(S, max finite |sink|)), with S the Cauchy-Schwarz
 // bound scale * max|q_i| * max|k_j| on the scores (capped by the softcap when it is on), i.e.
 // attention_magnitude(q, k, v, scale) for the output. kOutEps = kLseEps = 16: a few float
@@ -157,7 +157,7 @@ void copy_into(D&& dst, const S& src) {
                                [&](const auto& idx) { at(dv, idx) = static_cast<T>(at(sv, idx)); });
 }
 
-// Independent restatement of the visibility rule (DESIGN.md "Conventions"), for tests that
+// Independent restatement of the visibility rule (docs/design.md "Conventions"), for tests that
 // need to know which rows see a given key.
 bool sees(const softmax_options& o, index_t Lq, index_t Lk, index_t i, index_t j, index_t len) {
     const index_t p = i + (Lk - Lq);
@@ -1195,7 +1195,7 @@ TEST(softmax_attention, nan_in_a_key_row_affects_only_rows_that_see_it) {
     check_nan_isolation(2, 1, 65, 8, 1, 64, kl, 1, 40, 0, false);
 }
 
-// DESIGN.md: "NaN or Inf in the inputs propagate to the affected rows only". A NaN (or Inf)
+// docs/design.md: "NaN or Inf in the inputs propagate to the affected rows only". A NaN (or Inf)
 // value row must not leak into rows whose weight for that key is 0 because of the mask.
 //
 //

@@ -1,6 +1,6 @@
 // detail::taylor::linear_forward (the chunked linear form) against the quadratic oracle.
 //
-// Sweep (DESIGN.md quality bar): lengths around the lane width W and the chunk size (64),
+// Sweep (docs/design.md quality bar): lengths around the lane width W and the chunk size (64),
 // Lq != Lk both ways (bottom-right causal), GQA ratios 1, 2, 4, causal and not, key_lengths
 // including 0, three input distributions. Tolerance per output row: the float error of a sum
 // of feature products is eps times the sum of their magnitudes, which for row i is

@@ -9,7 +9,7 @@
 //   2*D  FLOPs for the score  q . k   (D multiplies + D adds)
 //   2*Dv FLOPs for the update o += p * v
 // i.e. 4*D when D == Dv. Softmax exponentials, maxima and the scaling are not counted.
-// Masks follow DESIGN.md "Conventions" exactly as attnkit::reference does: bottom-right causal
+// Masks follow docs/design.md "Conventions" exactly as attnkit::reference does: bottom-right causal
 // (query i sits at p = i + Lk - Lq and sees j <= p), window_left, chunk (implies causal, as in
 // Llama-4), key_lengths.
 #pragma once

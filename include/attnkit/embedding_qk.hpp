@@ -1,5 +1,5 @@
 // StaticEmbQK (Xue et al.): every layer's Q and K come from the token embeddings e, not from the
-// layer's input (variants.md section 5), so the Q and K of all layers are ONE GEMM.
+// layer's input (docs/variants.md section 5), so the Q and K of all layers are ONE GEMM.
 //
 //   embedding_qk_layout lay{layers, heads, heads_kv, dim};
 //   attnkit::embedding_qk_projection(e, w, qk, lay, pool);

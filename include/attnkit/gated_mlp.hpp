@@ -1,5 +1,5 @@
 // Gated MLP, the "MLP" variant of Xue et al.: the attention sublayer replaced by a per-token
-// gated MLP, no token mixing (variants.md section 6).
+// gated MLP, no token mixing (docs/variants.md section 6).
 //
 //   attnkit::gated_mlp(x, w_gate, w_up, w_down, out, opts);
 //       x, out   [N, d_model] or [B, L, d_model]     (same shape; out must not overlap x)

@@ -1,4 +1,4 @@
-// Multi-token attention (Golovneva et al.; variants.md section 7), the fused kernel.
+// Multi-token attention (Golovneva et al.; docs/variants.md section 7), the fused kernel.
 //
 //   attnkit::mta_attention(q, k, v, out, opts);    q [B,L,H,D], k [B,L,Hk,D], v [B,L,Hk,Dv], out [B,L,H,Dv]
 //   attnkit::mta_head_kernel_to_matrix(kernel, w); grouped head kernel [H/c_h, c_h, c_h] -> w [H, H]

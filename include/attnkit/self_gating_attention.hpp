@@ -1,4 +1,4 @@
-// Self-gating ("Non-approximate", Xue et al.) attention, the fast kernel (variants.md section 3).
+// Self-gating ("Non-approximate", Xue et al.) attention, the fast kernel (docs/variants.md section 3).
 //
 //   attnkit::self_gating_attention(q, k, v, out, opts);   q [B,L,H,D], k [B,L,Hk,D], v [B,L,Hk,Dv]
 //   attnkit::self_gating_state st(B, H, Hk, D, Dv, opts); st.step(q, k, v, out);  (decode, chunked

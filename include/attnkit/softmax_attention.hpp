@@ -1,4 +1,4 @@
-// Standard softmax attention, the fast kernel (variants.md section 1).
+// Standard softmax attention, the fast kernel (docs/variants.md section 1).
 //
 //   attnkit::softmax_attention(q, k, v, out, opts);        q [B,Lq,H,D], k [B,Lk,Hk,D], v [B,Lk,Hk,Dv]
 //   attnkit::softmax_attention(q, k, v, out, lse, opts);   out [B,Lq,H,Dv], lse [B,Lq,H] (natural log)

@@ -1,4 +1,4 @@
-// Static QK attention (RndEmbQK / FixedSeqQK, variants.md section 4): Q and K come from a fixed
+// Static QK attention (RndEmbQK / FixedSeqQK, docs/variants.md section 4): Q and K come from a fixed
 // stream, so each head has one causal attention map for every input.
 //
 //   attnkit::static_qk_attention(q_fixed, k_fixed, v, out, opts);  // out [B, L, H, Dv]

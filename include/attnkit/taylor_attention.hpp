@@ -1,4 +1,4 @@
-// Second-order Taylor ("Approximate") attention, the fast kernel (variants.md section 2):
+// Second-order Taylor ("Approximate") attention, the fast kernel (docs/variants.md section 2):
 //
 //   w_ij = 1 + s_ij + s_ij^2 / 2 (visible keys; 0 otherwise),  o_i = sum_j w_ij v_j / (sum_j w_ij + eps)
 //

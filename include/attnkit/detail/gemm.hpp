@@ -18,7 +18,7 @@
 // function of the shape and the block sizes, never of the thread count. A block's result depends only on
 // its own sizes, so the output is bitwise identical for any pool. Eigen's own GEMM threading
 // exists only in OpenMP builds; there the product is called through Eigen's sequential entry
-// point so that no hidden threads run (DESIGN.md "Threads").
+// point so that no hidden threads run (docs/design.md "Threads").
 #pragma once
 
 #include <Eigen/Core>

@@ -22,6 +22,28 @@ struct score_transform {
     float softcap = 0.0f;  // > 0: s -> softcap * tanh(s / softcap), then to log2 units
 };
 
+// The update of one row vector of a panel (kTileRows keys apart in s) once its new max mx over
+// the block is known (m_old: the max before it): s becomes p = 2^(s - mx) in place, l = l alpha
+// + sum p, m = mx; returns alpha = 2^(m_old - mx), the factor for the output so far. The -inf
+// guard of the header comment: a row with nothing visible yet computes against 0.
+template <class A>
+ATTNKIT_ALWAYS_INLINE simd::vfloat<A> online_softmax_update(float* s, index_t n_keys, const simd::vfloat<A>& m_old,
+                                                            const simd::vfloat<A>& mx, float* m, float* l) {
+    using V = simd::vfloat<A>;
+    constexpr index_t RT = tile_traits<A>::kTileRows;
+    const V mu = simd::select(mx == V(kNegInf), V(0.0f), mx);
+    const V alpha = simd::exp2_nonpositive(m_old - mu);
+    V sum(0.0f);
+    for (index_t j = 0; j < n_keys; ++j) {
+        const V p = simd::exp2_nonpositive(simd::loadu<A>(s + j * RT) - mu);
+        simd::storeu(s + j * RT, p);
+        sum += p;
+    }
+    simd::storeu(l, simd::fma(simd::loadu<A>(l), alpha, sum));
+    simd::storeu(m, mx);
+    return alpha;
+}
+
 // One panel (kTileRows rows) of an S^T tile [n_keys][kTileRows], for keys j0 .. j0 + n_keys.
 // When `masked`, row r sees keys in [lo[r], hi[r]) only (every mask of the library gives each
 // row one interval). On return the tile holds p = 2^(s - m_new), m and l are updated and
@@ -59,16 +81,7 @@ ATTNKIT_NOINLINE void softmax_panel(float* st, index_t n_keys, index_t j0, bool 
         } else {
             for (index_t j = 0; j < n_keys; ++j) mx = simd::max(simd::loadu<A>(s + j * RT), mx);
         }
-        const V mu = simd::select(mx == neg_inf, V(0.0f), mx);
-        alpha[n] = simd::exp2_nonpositive(m_old - mu);
-        V sum(0.0f);
-        for (index_t j = 0; j < n_keys; ++j) {
-            const V p = simd::exp2_nonpositive(simd::loadu<A>(s + j * RT) - mu);
-            simd::storeu(s + j * RT, p);
-            sum += p;
-        }
-        simd::storeu(l + n * W, simd::fma(simd::loadu<A>(l + n * W), alpha[n], sum));
-        simd::storeu(m + n * W, mx);
+        alpha[n] = online_softmax_update<A>(s, n_keys, m_old, mx, m + n * W, l + n * W);
     }
 }
 

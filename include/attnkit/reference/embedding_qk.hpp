@@ -1,5 +1,5 @@
 // attnkit::reference::embedding_qk_projection: the naive oracle of the StaticEmbQK projection
-// (variants.md section 5).
+// (docs/variants.md section 5).
 //
 //   qk[b, t, c] = sum_k e[b, t, k] * w[k, c]      for every column c of every layer
 //

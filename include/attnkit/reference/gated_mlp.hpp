@@ -1,4 +1,4 @@
-// attnkit::reference::gated_mlp: the naive oracle of the gated MLP (variants.md section 6).
+// attnkit::reference::gated_mlp: the naive oracle of the gated MLP (docs/variants.md section 6).
 //
 //   h_j   = SiLU(sum_k x_k W_gate[k, j]) * (sum_k x_k W_up[k, j]),   SiLU(g) = g / (1 + e^-g)
 //   out_i = sum_j h_j W_down[j, i]

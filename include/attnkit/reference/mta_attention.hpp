@@ -1,8 +1,8 @@
 // attnkit::reference::mta_attention: the naive oracle of multi-token attention
-// (variants.md section 7, Golovneva et al.).
+// (docs/variants.md section 7, Golovneva et al.).
 //
 // Every stage is materialised on whole [H, L, L] tensors in double, with plain loops, exactly in
-// the order of variants.md; nothing is shared with the fast kernel except the views and the
+// the order of docs/variants.md; nothing is shared with the fast kernel except the views and the
 // argument checks. Per batch item (always causal, Lq = Lk = L):
 //
 //   X  = Mask0(scale * q k^T)                 j > i -> 0; head h reads key/value head h / (H / Hk)

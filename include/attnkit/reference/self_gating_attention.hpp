@@ -1,5 +1,5 @@
 // attnkit::reference::self_gating_attention: the naive oracle of self-gating ("Non-approximate")
-// attention (variants.md section 3).
+// attention (docs/variants.md section 3).
 //
 // Plain loops in double; the L x L matrix of each (batch item, head) is materialised exactly as
 // the paper writes it: row i holds the gates g masked to the keys row i sees, then a stable

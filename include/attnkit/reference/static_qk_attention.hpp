@@ -1,5 +1,5 @@
 // attnkit::reference::static_qk_attention: the naive oracle of static QK attention (RndEmbQK /
-// FixedSeqQK, variants.md section 4).
+// FixedSeqQK, docs/variants.md section 4).
 //
 // Plain loops, double accumulation, the [H, L, L] weight matrix materialised; nothing shared with
 // the fast kernels except the views and the argument checks (detail/static_qk/check.hpp).

@@ -1,5 +1,5 @@
 // attnkit::reference::taylor_attention: the naive oracles of second-order Taylor ("Approximate")
-// attention, variants.md section 2, in both of its exact forms.
+// attention, docs/variants.md section 2, in both of its exact forms.
 //
 //   reference::taylor_attention(q, k, v, out, opts)            quadratic form
 //   reference::taylor_attention(q, k, v, out, weights, opts)   ... and the normalised weights
@@ -17,7 +17,7 @@
 //   weights[b, h, i, j] = w_ij / (sum_j' w_ij' + eps)
 // A row with no visible key outputs zeros (and a zero weight row), never NaN, whatever eps.
 //
-// The linear form uses the feature map of variants.md literally,
+// The linear form uses the feature map of docs/variants.md literally,
 //   phi(x) = [1, x / D^(1/4), x_a x_b / sqrt(D) (a < b), x_a^2 / (sqrt(2) sqrt(D))],
 // F = 1 + D + D(D+1)/2 features, so phi(x)·phi(y) = 1 + <x,y>/sqrt(D) + <x,y>^2/(2D). Another
 // scale enters by scaling q first: phi(scale sqrt(D) q)·phi(k) = 1 + s + s^2/2. Queries walk in
@@ -104,7 +104,7 @@ void quadratic(const view<const TQ, 4>& q, const view<const TK, 4>& k, const vie
     }
 }
 
-// phi(alpha x) of variants.md, written into f (size 1 + D + D(D+1)/2).
+// phi(alpha x) of docs/variants.md, written into f (size 1 + D + D(D+1)/2).
 template <class T>
 void feature_map(const T* x, index_t D, double alpha, std::vector<double>& f) {
     const double r4 = std::pow(static_cast<double>(D), 0.25);

@@ -1,4 +1,4 @@
-// SiLU(g) * u, in place over g, for the gated MLP's row blocks (variants.md section 6).
+// SiLU(g) * u, in place over g, for the gated MLP's row blocks (docs/variants.md section 6).
 //
 //   silu(x) = x / (1 + e^-x) = x * sigmoid(x)
 //

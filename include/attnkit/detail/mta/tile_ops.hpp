@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "attnkit/detail/online_softmax.hpp"
 #include "attnkit/detail/tile_traits.hpp"
 
 namespace attnkit {
@@ -21,7 +22,6 @@ namespace mta {
 // Key rows of every tile are padded to a multiple of this: 4 (the convolution's key block) and
 // kMR (the micro-kernels' key groups, 6 or 12) both divide it.
 constexpr index_t kKeyPad = 12;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline index_t round_up(index_t n, index_t m) { return (n + m - 1) / m * m; }
 
 // Lane indices 0, 1, 2, ... as floats, to compare row and key indices in lanes (exact < 2^24).
@@ -175,16 +175,7 @@ void online_softmax(float* y, index_t n, index_t key0, index_t row0, float* m, f
         } else {
             for (index_t j = 0; j < n; ++j) mx = simd::max(simd::loadu<A>(s + j * RT), mx);
         }
-        const V mu = simd::select(mx == neg_inf, V(0.0f), mx);
-        alpha[v] = simd::exp2_nonpositive(m_old - mu);
-        V sum(0.0f);
-        for (index_t j = 0; j < n; ++j) {
-            const V p = simd::exp2_nonpositive(simd::loadu<A>(s + j * RT) - mu);
-            simd::storeu(s + j * RT, p);
-            sum += p;
-        }
-        simd::storeu(l + c, simd::fma(simd::loadu<A>(l + c), alpha[v], sum));
-        simd::storeu(m + c, mx);
+        alpha[v] = online_softmax_update<A>(s, n, m_old, mx, m + c, l + c);
     }
 }
 

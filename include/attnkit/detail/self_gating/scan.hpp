@@ -1,4 +1,4 @@
-// The pieces of the self-gating scan (variants.md section 3), per batch item on a range of
+// The pieces of the self-gating scan (docs/variants.md section 3), per batch item on a range of
 // key/value heads and a range of positions, all heads of the range per position (so q, k, v and
 // out are read and written front to back, position-major, as BSHD lays them out).
 //

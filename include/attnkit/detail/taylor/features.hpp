@@ -8,7 +8,7 @@
 // side, which is summed into the state, needs no multiply) and phi_q(f) = c_f q~_a q~_b:
 // c = 1 for a < b (the two symmetric terms of the square, halved) and for the constant pair
 // (D, D) (1/2 + 1/2), c = 1/2 for a = b < D. That is (D+1)(D+2)/2 = 1 + D + D(D+1)/2 features,
-// the count of variants.md's map, with the linear (a, D) and constant terms in the same table
+// the count of docs/variants.md's map, with the linear (a, D) and constant terms in the same table
 // as the quadratic ones, so one loop builds them all. The full split (every (a, b) with
 // a, b < D, c = 1/2) is kept for the benchmark's comparison.
 //

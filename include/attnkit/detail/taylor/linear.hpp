@@ -1,4 +1,4 @@
-// The linear form of Taylor attention (variants.md section 2): O(L F Dv) time, F = 1 + D +
+// The linear form of Taylor attention (docs/variants.md section 2): O(L F Dv) time, F = 1 + D +
 // D(D+1)/2, instead of the quadratic form's O(Lq Lk D).
 //
 // Keys are taken in chunks of kChunk. Causal: the queries whose positions fall in a chunk read

@@ -1,4 +1,4 @@
-// The quadratic form of Taylor attention (variants.md section 2) as a row transform of the tile
+// The quadratic form of Taylor attention (docs/variants.md section 2) as a row transform of the tile
 // engine: w = 1 + s + s^2 / 2 for visible keys, 0 for masked ones, and a running sum of w per
 // row. 1 + s + s^2/2 >= 1/2 for every s, so there is no max to track and nothing to rescale
 // (alpha = 1): accumulating raw sums is exact up to float rounding for any score magnitude.

@@ -1,5 +1,5 @@
 // attnkit::taylor_state: decode and chunked prefill of Taylor attention with the linear form's
-// running state (variants.md section 2, DESIGN.md "Variant entry points").
+// running state (docs/variants.md section 2, docs/design.md "Variant entry points").
 //
 //   attnkit::taylor_state st(batch, heads, heads_kv, dim, dim_v, opts);
 //   st.step(q, k, v, out);   q [B,T,H,D], k [B,T,Hk,D], v [B,T,Hk,Dv], out [B,T,H,Dv], T >= 1
