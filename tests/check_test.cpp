@@ -5,8 +5,11 @@
 // same signatures (e.g. the fast kernel), include its header and add it to entry_points:
 //     ATTNKIT_ENTRY_POINT(fast, attnkit::softmax_attention)
 //     using entry_points = ::testing::Types<reference, fast>;
+#include "attnkit/mta_attention.hpp"
 #include "attnkit/reference/softmax_attention.hpp"
+#include "attnkit/self_gating_attention.hpp"
 #include "attnkit/softmax_attention.hpp"
+#include "attnkit/taylor_attention.hpp"
 
 #include <gtest/gtest.h>
 
@@ -380,6 +383,55 @@ TEST(check_test_reference, weights_untouched_on_error) {
     EXPECT_EQ(7.0, w(0, 0, 0, 0));
     EXPECT_TRUE(all_equal_to(out, kSentinel));
     EXPECT_TRUE(all_equal_to(lse, kSentinel));
+}
+
+// Every decode state checks its sizes through one routine (detail::check_state_sizes): the
+// message names the state and gives all five sizes, for each kind of mistake.
+template <class Make>
+void expect_state_rejected(Make make, const std::string& state, const std::string& sizes, const std::string& rule) {
+    try {
+        make();
+        ADD_FAILURE() << state << ": no exception for " << sizes;
+    } catch (const std::invalid_argument& e) {
+        const std::string what = e.what();
+        for (const std::string& p : {state + ":", sizes, rule})
+            EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
+    }
+}
+
+TEST(check_test_state, state_sizes_name_the_state_and_every_size) {
+    struct bad_sizes {
+        index_t batch, heads, heads_kv, dim, dim_v;
+        const char* sizes;
+        const char* rule;
+    };
+    const bad_sizes cases[] = {
+        {-1, 4, 2, 8, 8, "batch -1, heads 4, heads_kv 2, dim 8, dim_v 8", "batch >= 0"},
+        {1, 0, 1, 8, 8, "batch 1, heads 0, heads_kv 1, dim 8, dim_v 8", "heads, heads_kv, dim, dim_v >= 1"},
+        {1, 4, 0, 8, 8, "batch 1, heads 4, heads_kv 0, dim 8, dim_v 8", "heads, heads_kv, dim, dim_v >= 1"},
+        {1, 4, 2, 0, 8, "batch 1, heads 4, heads_kv 2, dim 0, dim_v 8", "heads, heads_kv, dim, dim_v >= 1"},
+        {1, 4, 2, 8, 0, "batch 1, heads 4, heads_kv 2, dim 8, dim_v 0", "heads, heads_kv, dim, dim_v >= 1"},
+        {1, 4, 3, 8, 8, "batch 1, heads 4, heads_kv 3, dim 8, dim_v 8", "multiple of heads_kv"},
+    };
+    for (const bad_sizes& c : cases) {
+        expect_state_rejected([&] { attnkit::taylor_state(c.batch, c.heads, c.heads_kv, c.dim, c.dim_v); },
+                              "taylor_state", c.sizes, c.rule);
+        expect_state_rejected(
+            [&] { attnkit::self_gating_state(c.batch, c.heads, c.heads_kv, c.dim, c.dim_v); },
+            "self_gating_state", c.sizes, c.rule);
+        expect_state_rejected(
+            [&] { attnkit::mta_state(c.batch, c.heads, c.heads_kv, c.dim, c.dim_v, attnkit::mta_options{}); },
+            "mta_state", c.sizes, c.rule);
+    }
+    // key_lengths: the two states that take them in their options refuse them the same way.
+    attnkit::taylor_options to;
+    to.key_lengths = {3};
+    expect_state_rejected([&] { attnkit::taylor_state(1, 2, 1, 8, 8, to); }, "taylor_state", "got 1 lengths",
+                          "opts.key_lengths must be empty");
+    attnkit::self_gating_options so;
+    so.key_lengths = {3, 4};
+    expect_state_rejected([&] { attnkit::self_gating_state(2, 2, 1, 8, 8, so); }, "self_gating_state",
+                          "got 2 lengths", "opts.key_lengths must be empty");
 }
 
 }  // namespace

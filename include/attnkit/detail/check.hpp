@@ -208,6 +208,29 @@ inline void check_options(const softmax_options& o, const attention_shape& s) {
     }
 }
 
+// The fixed sizes of a decode state (taylor_state, self_gating_state, mta_state), checked at
+// construction: batch >= 0, heads, heads_kv, dim, dim_v >= 1 and heads a multiple of heads_kv.
+// `state` names the class in the messages. Returns the sizes as text ("batch 1, heads 4, ...")
+// for the caller's own further checks.
+inline std::string check_state_sizes(const char* state, index_t batch, index_t heads, index_t heads_kv, index_t dim,
+                                     index_t dim_v) {
+    const std::string got = "batch " + number(batch) + ", heads " + number(heads) + ", heads_kv " + number(heads_kv) +
+                            ", dim " + number(dim) + ", dim_v " + number(dim_v);
+    if (batch < 0 || heads < 1 || heads_kv < 1 || dim < 1 || dim_v < 1)
+        fail(std::string(state) + ": expected batch >= 0 and heads, heads_kv, dim, dim_v >= 1, got " + got);
+    if (heads % heads_kv != 0) fail(std::string(state) + ": heads must be a multiple of heads_kv, got " + got);
+    return got;
+}
+
+// A decode state holds exactly the tokens appended to it and each new query sees all of them, so
+// it takes no key_lengths. (An absolute-position cut would silently mask every decode token of an
+// item whose prompt was right-padded.)
+inline void check_state_key_lengths(const char* state, const std::vector<std::int64_t>& key_lengths) {
+    if (!key_lengths.empty())
+        fail(std::string(state) + ": opts.key_lengths must be empty (a state holds exactly the tokens appended, " +
+             "each new query sees all of them), got " + number(key_lengths.size()) + " lengths");
+}
+
 // The optional lse argument of an entry point is anything that is not its options struct, so
 // that a wrong lse type (an Eigen expression, a weights tensor) reaches lse_view's static_assert
 // instead of silently disabling the overload.

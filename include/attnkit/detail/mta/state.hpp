@@ -29,11 +29,7 @@ class mta_state {
     // outlive the state.
     mta_state(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v, const mta_options& opts)
         : o_(opts) {
-        if (batch < 0 || heads < 1 || heads_kv < 1 || dim < 1 || dim_v < 1 || heads % heads_kv != 0)
-            detail::fail("mta_state: expected batch >= 0, heads and heads_kv >= 1 with heads % heads_kv == 0, dim and "
-                         "dim_v >= 1, got batch " + std::to_string(batch) + ", heads " + std::to_string(heads) +
-                         ", heads_kv " + std::to_string(heads_kv) + ", dim " + std::to_string(dim) + ", dim_v " +
-                         std::to_string(dim_v));
+        detail::check_state_sizes("mta_state", batch, heads, heads_kv, dim, dim_v);
         s_ = {batch, 0, 0, heads, heads_kv, dim, dim_v};
         ms_ = detail::mta::check_options(opts, s_);
         scale_ = detail::resolve_scale(opts.scale, dim);

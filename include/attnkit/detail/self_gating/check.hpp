@@ -44,18 +44,11 @@ attention_shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const vie
     return s;
 }
 
-// The fixed sizes of a self_gating_state, checked at construction. key_lengths must be empty,
-// as for taylor_state: a state holds exactly the tokens appended to it and each new query sees
-// all of them. (An absolute-position cut would silently mask every decode token of an item
-// whose prompt was right-padded: its outputs would stay the mean of its prompt forever.)
+// The fixed sizes of a self_gating_state, checked at construction; key_lengths must be empty,
+// as for every decode state (detail/check.hpp).
 inline void check_state_sizes(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v,
                               const self_gating_options& opts) {
-    const std::string got = "batch " + std::to_string(batch) + ", heads " + std::to_string(heads) +
-                            ", heads_kv " + std::to_string(heads_kv) + ", dim " + std::to_string(dim) +
-                            ", dim_v " + std::to_string(dim_v);
-    if (batch < 0 || heads < 1 || heads_kv < 1 || dim < 1 || dim_v < 1)
-        fail("self_gating_state: expected batch >= 0 and heads, heads_kv, dim, dim_v >= 1, got " + got);
-    if (heads % heads_kv != 0) fail("self_gating_state: heads must be a multiple of heads_kv, got " + got);
+    const std::string got = detail::check_state_sizes("self_gating_state", batch, heads, heads_kv, dim, dim_v);
     // The state is B * H * Dv floats (Dv rounded up to a vector, at most 64 more): its size in
     // bytes must be a number.
     index_t bh = 0, elems = 0, bytes = 0;
@@ -63,9 +56,7 @@ inline void check_state_sizes(index_t batch, index_t heads, index_t heads_kv, in
         !mul_fits(bh, dim_v + 64, elems) || !mul_fits(elems, index_t(sizeof(float)), bytes))
         fail("self_gating_state: the state of " + got + " overflows int64 bytes");
     check_scale(opts.scale);
-    if (!opts.key_lengths.empty())
-        fail("self_gating_state: opts.key_lengths must be empty (a state holds exactly the tokens appended, "
-             "each new query sees all of them), got " + std::to_string(opts.key_lengths.size()) + " lengths");
+    check_state_key_lengths("self_gating_state", opts.key_lengths);
 }
 
 // One state step: q [B,T,H,D], k [B,T,Hk,D], v [B,T,Hk,Dv], out [B,T,H,Dv] with T >= 1 and the

@@ -23,7 +23,7 @@ namespace taylor {
 
 inline void check_eps(float eps) {
     if (!std::isfinite(eps) || eps < 0.0f)
-        fail("opts.eps: expected a finite value >= 0, got " + std::to_string(eps));
+        fail("opts.eps: expected a finite value >= 0, got " + number(eps));
 }
 
 // key_lengths and scale follow the softmax rules exactly: one routine checks them for both.
@@ -56,18 +56,10 @@ attention_shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const vie
 // The fixed sizes of a taylor_state, checked at construction.
 inline void check_state_sizes(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v,
                               const taylor_options& opts) {
-    const std::string got = "batch " + std::to_string(batch) + ", heads " + std::to_string(heads) +
-                            ", heads_kv " + std::to_string(heads_kv) + ", dim " + std::to_string(dim) +
-                            ", dim_v " + std::to_string(dim_v);
-    if (batch < 0 || heads < 1 || heads_kv < 1 || dim < 1 || dim_v < 1)
-        fail("taylor_state: expected batch >= 0 and heads, heads_kv, dim, dim_v >= 1, got " + got);
-    if (heads % heads_kv != 0)
-        fail("taylor_state: heads must be a multiple of heads_kv, got " + got);
+    detail::check_state_sizes("taylor_state", batch, heads, heads_kv, dim, dim_v);
     check_scale(opts.scale);
     check_eps(opts.eps);
-    if (!opts.key_lengths.empty())
-        fail("taylor_state: opts.key_lengths must be empty (a state holds exactly the tokens appended), got " +
-             std::to_string(opts.key_lengths.size()) + " lengths");
+    check_state_key_lengths("taylor_state", opts.key_lengths);
 }
 
 // One state step: q [B,T,H,D], k [B,T,Hk,D], v [B,T,Hk,Dv], out [B,T,H,Dv] with T >= 1 and the
