@@ -1,7 +1,11 @@
-// detail/gemm.hpp: the GEMM wrapper against plain double loops on sizes around the SIMD width
-// and Eigen's register tile edges, strided operands (row strides > cols, column slices), the
-// accumulate mode, an empty inner dimension, and the block grid: bitwise identical for any
-// thread count and any pool.
+// detail/gemm.hpp: the packed GEMM against plain double loops on sizes around the register
+// tile's edges (kMR rows x kNR columns of the arch under test: 6 x 16 on AVX2, 12 x 32 on
+// AVX-512, 6 x 8 on SSE2) and the cache blocks (K pieces of <= 256, M slices of <= 144, N slices
+// of <= 4096), on the default arch and on the portable scalar path; strided operands (row
+// strides > cols, column slices), the accumulate mode, an empty inner dimension, non-finite
+// values staying in their own rows and columns (edge tiles compute padded rows and columns that
+// must never leak), and the block grid: bitwise identical for any thread count, any pool and
+// any grid.
 #include <gtest/gtest.h>
 
 #include <attnkit/detail/gemm.hpp>
@@ -17,6 +21,9 @@ namespace {
 
 using attnkit::index_t;
 using attnkit::detail::gemm_mode;
+using attnkit::detail::gemm_traits;
+using Arch = attnkit::simd::default_arch;
+constexpr index_t kMR = gemm_traits<Arch>::kMR, kNR = gemm_traits<Arch>::kNR;
 using attnkit::detail::matrix_ref;
 using attnkit_test::distribution;
 
@@ -63,8 +70,8 @@ struct padded {
     return ::testing::AssertionSuccess();
 }
 
-// Around 4/8/16 lanes and Eigen's 3-vector x 4-column register tile (24 / 4 on AVX2).
-const index_t kSizes[] = {1, 3, 4, 7, 8, 9, 16, 17, 23, 24, 25, 31, 53};
+// Around 4/8/16 lanes and the register tiles of every arch (6 x 8, 6 x 16, 12 x 32), odd primes.
+const index_t kSizes[] = {1, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 15, 16, 17, 23, 25, 31, 32, 33, 53};
 
 TEST(gemm, assign_matches_plain_loops_on_edge_sizes) {
     std::uint64_t seed = 1;
@@ -76,6 +83,65 @@ TEST(gemm, assign_matches_plain_loops_on_edge_sizes) {
                 attnkit::detail::gemm(a.cref(), b.cref(), c.ref());
                 ASSERT_TRUE(matches_product(a, b, c, nullptr));
             }
+}
+
+// The same sweep, exactly at and one past the active arch's tile, and on the scalar path.
+TEST(gemm, tile_edges_of_the_active_arch_and_the_scalar_path) {
+    std::uint64_t seed = 500;
+    for (index_t M : {kMR - 1, kMR, kMR + 1, 3 * kMR + 2})
+        for (index_t N : {kNR - 1, kNR, kNR + 1, 3 * kNR + 2})
+            for (index_t K : {index_t(1), index_t(5), index_t(256), index_t(257)}) {
+                const padded a(M, K, 2, distribution::gaussian, seed++), b(K, N, 3, distribution::gaussian, seed++);
+                padded c(M, N, 1, distribution::uniform, seed++);
+                attnkit::detail::gemm(a.cref(), b.cref(), c.ref());
+                ASSERT_TRUE(matches_product(a, b, c, nullptr));
+                padded s(M, N, 1, distribution::uniform, seed++);
+                attnkit::detail::gemm_on<attnkit::simd::scalar_arch>(a.cref(), b.cref(), s.ref());
+                ASSERT_TRUE(matches_product(a, b, s, nullptr));
+            }
+}
+
+// Several K pieces, M slices and N slices of the cache blocking, with edge tiles in each.
+TEST(gemm, across_cache_blocks) {
+    {
+        const padded a(301, 613, 1, distribution::outliers, 41), b(613, 97, 2, distribution::gaussian, 42);
+        padded c(301, 97, 3, distribution::gaussian, 43);
+        attnkit::detail::gemm(a.cref(), b.cref(), c.ref());
+        ASSERT_TRUE(matches_product(a, b, c, nullptr));
+        const padded c0 = c;
+        attnkit::detail::gemm(a.cref(), b.cref(), c.ref(), gemm_mode::add);
+        ASSERT_TRUE(matches_product(a, b, c, &c0));
+    }
+    {  // N past one 4096-column slice
+        const padded a(7, 3, 0, distribution::gaussian, 44), b(3, 4099, 1, distribution::gaussian, 45);
+        padded c(7, 4099, 0, distribution::gaussian, 46);
+        attnkit::detail::gemm(a.cref(), b.cref(), c.ref());
+        ASSERT_TRUE(matches_product(a, b, c, nullptr));
+    }
+}
+
+// An inf or NaN in row i of A reaches only row i of C, one in column j of B only column j: the
+// zero rows and columns that pad edge tiles meet them (0 * inf = NaN) but are never stored.
+TEST(gemm, non_finite_values_stay_in_their_row_and_column) {
+    for (index_t M : {kMR + 1, index_t(7)})
+        for (index_t N : {kNR + 3, index_t(5)}) {
+            const index_t K = 19;
+            padded a(M, K, 0, distribution::gaussian, 61), b(K, N, 0, distribution::gaussian, 62);
+            const index_t bad_row = M - 1, bad_col = N - 1;
+            a.at(bad_row, 4) = std::numeric_limits<float>::quiet_NaN();
+            b.at(9, bad_col) = std::numeric_limits<float>::infinity();
+            padded c(M, N, 0, distribution::gaussian, 63);
+            attnkit::detail::gemm(a.cref(), b.cref(), c.ref());
+            for (index_t i = 0; i < M; ++i)
+                for (index_t j = 0; j < N; ++j) {
+                    if (i == bad_row)
+                        ASSERT_TRUE(std::isnan(c.at(i, j))) << i << ", " << j;
+                    else if (j == bad_col)
+                        ASSERT_FALSE(std::isfinite(c.at(i, j))) << i << ", " << j;
+                    else
+                        ASSERT_TRUE(std::isfinite(c.at(i, j))) << i << ", " << j;
+                }
+        }
 }
 
 TEST(gemm, add_accumulates_into_c) {
@@ -138,6 +204,24 @@ TEST(gemm, block_grid_is_bitwise_identical_for_any_pool) {
         attnkit::detail::gemm_rows(a.cref(), b.cref(), r.ref(), &pool, 100);
         EXPECT_TRUE(matches_product(a, b, r, nullptr)) << n << " threads";
     }
+}
+
+// Each element is the same chain of FMAs wherever its tile sits (K pieces depend on K alone),
+// so any grid gives the bits of one whole-matrix product: the row blocks of gemm_rows (the
+// gated MLP's blocks) and the 256 x 2048 blocks of the StaticEmbQK projection agree with it.
+TEST(gemm, any_block_grid_gives_the_bits_of_one_product) {
+    const padded a(257, 600, 0, distribution::gaussian, 71), b(600, 203, 3, distribution::gaussian, 72);
+    padded whole(257, 203, 0, distribution::uniform, 0);
+    attnkit::detail::gemm(a.cref(), b.cref(), whole.ref());
+    ASSERT_TRUE(matches_product(a, b, whole, nullptr));
+    attnkit::thread_pool pool(2);
+    for (index_t br : {index_t(1), index_t(7), kMR + 1, index_t(100)})
+        for (index_t bc : {index_t(5), kNR - 1, index_t(64), index_t(1000)}) {
+            padded c(257, 203, 0, distribution::uniform, 1);
+            attnkit::detail::gemm_blocks(a.cref(), b.cref(), c.ref(), &pool, br, bc);
+            ASSERT_EQ(0, std::memcmp(c.buf.data(), whole.buf.data(), c.buf.size() * sizeof(float)))
+                << br << " x " << bc << " blocks";
+        }
 }
 
 }  // namespace

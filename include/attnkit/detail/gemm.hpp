@@ -1,6 +1,6 @@
-// The one GEMM wrapper of attnkit: C = A B and C += A B on row-major float matrices in user
-// memory (pointer, rows, cols, row stride), computed by Eigen's matrix product on Eigen::Map, and
-// a fixed block partition of C over an attnkit::thread_pool.
+// The one GEMM of attnkit: C = A B and C += A B on row-major float matrices in user memory
+// (pointer, rows, cols, row stride), and a fixed block partition of C over an
+// attnkit::thread_pool.
 //
 //   gemm(a, b, c)                    C  = A B   on the calling thread
 //   gemm(a, b, c, gemm_mode::add)    C += A B
@@ -8,22 +8,23 @@
 //                                                         over the pool, one thread per block
 //   gemm_rows(a, b, c, pool[, block_rows])                the same with whole rows
 //
-// Why a wrapper at all: Eigen's product is fast (packing + a register-blocked micro-kernel per
-// ISA), but only through Matrix expressions. Kernels here hold raw pointers and strides, so this
-// header is the single place that turns them into Maps: Unaligned (attnkit never claims
-// alignment it does not own) with an OuterStride (a matrix may be a column slice of a wider
-// buffer, e.g. one layer's W_Q inside the stacked StaticEmbQK weights).
+// How: the engine's own packed GEMM (detail/gemm/: BLIS-style cache blocking, A and B packed
+// into per-thread scratch, the attention kernels' register tile, templated on the SIMD arch).
+// It replaced Eigen's product on Maps, which reached about half of the FMA peak on these shapes
+// on Zen 2 (bench/gated_mlp_bench.cpp, bench/embedding_qk_bench.cpp); the blocking here is
+// sized for the caches of the cores attnkit runs on and its edge tiles are full-size kernels.
+// attnkit never claims alignment it does not own: user matrices are read and written with
+// unaligned accesses, only the packed scratch is aligned.
 //
-// Determinism: every element of C is computed by exactly one block, and the blocks are a fixed
-// function of the shape and the block sizes, never of the thread count. A block's result depends only on
-// its own sizes, so the output is bitwise identical for any pool. Eigen's own GEMM threading
-// exists only in OpenMP builds; there the product is called through Eigen's sequential entry
-// point so that no hidden threads run (docs/design.md "Threads").
+// Determinism: every element of C is computed by exactly one block, and its value is the same
+// chain of FMAs (K cut into pieces that depend on K alone, gemm/blocking.hpp) wherever it sits,
+// so the output is bitwise identical for any pool, any thread count and any block grid. No
+// hidden threads: the product runs on the thread that calls it.
 #pragma once
 
-#include <Eigen/Core>
-
 #include "attnkit/config.hpp"
+#include "attnkit/detail/gemm/kernel.hpp"
+#include "attnkit/simd/simd.hpp"
 #include "attnkit/thread_pool.hpp"
 
 namespace attnkit {
@@ -43,14 +44,11 @@ struct matrix_ref {
 
 enum class gemm_mode { assign, add };
 
-using gemm_row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using gemm_const_map = Eigen::Map<const gemm_row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
-using gemm_map = Eigen::Map<gemm_row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
-
-// C = A B (assign) or C += A B (add) on the calling thread. Shapes are the caller's contract:
-// A [M, K], B [K, N], C [M, N]; C must not overlap A or B.
-inline void gemm(const matrix_ref<const float>& a, const matrix_ref<const float>& b, const matrix_ref<float>& c,
-                 gemm_mode mode = gemm_mode::assign) {
+// C = A B (assign) or C += A B (add) on the calling thread, with the kernels of arch A. Shapes
+// are the caller's contract: A [M, K], B [K, N], C [M, N]; C must not overlap A or B.
+template <class A>
+void gemm_on(const matrix_ref<const float>& a, const matrix_ref<const float>& b, const matrix_ref<float>& c,
+             gemm_mode mode = gemm_mode::assign) {
     if (c.rows == 0 || c.cols == 0) return;
     if (a.cols == 0) {  // empty inner dimension: the product is zero
         if (mode == gemm_mode::assign)
@@ -58,29 +56,15 @@ inline void gemm(const matrix_ref<const float>& a, const matrix_ref<const float>
                 for (index_t j = 0; j < c.cols; ++j) c.data[i * c.stride + j] = 0.0f;
         return;
     }
-#if defined(EIGEN_HAS_OPENMP) && !defined(EIGEN_DONT_PARALLELIZE)
-    // Eigen's parallelizer would start OpenMP threads inside our pool's tasks: call the
-    // sequential product directly (info = nullptr), with the blocking Eigen itself would use.
-    namespace ei = Eigen::internal;
-    if (mode == gemm_mode::assign)
-        for (index_t i = 0; i < c.rows; ++i)
-            for (index_t j = 0; j < c.cols; ++j) c.data[i * c.stride + j] = 0.0f;
-    ei::gemm_blocking_space<Eigen::RowMajor, float, float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Dynamic, 1, false>
-        blocking(c.rows, c.cols, a.cols, 1, true);
-    ei::general_matrix_matrix_product<index_t, float, Eigen::RowMajor, false, float, Eigen::RowMajor, false,
-                                      Eigen::RowMajor, 1>::run(c.rows, c.cols, a.cols, a.data, a.stride, b.data,
-                                                               b.stride, c.data, 1, c.stride, 1.0f, blocking,
-                                                               nullptr);
-#else
-    const gemm_const_map A(a.data, a.rows, a.cols, Eigen::OuterStride<>(a.stride));
-    const gemm_const_map B(b.data, b.rows, b.cols, Eigen::OuterStride<>(b.stride));
-    gemm_map C(c.data, c.rows, c.cols, Eigen::OuterStride<>(c.stride));
-    if (mode == gemm_mode::assign)
-        C.noalias() = A * B;
-    else
-        C.noalias() += A * B;
-#endif
+    gemm_packed<A>(a.data, a.stride, b.data, b.stride, c.data, c.stride, c.rows, c.cols, a.cols,
+                   mode == gemm_mode::add);
 }
+
+inline void gemm(const matrix_ref<const float>& a, const matrix_ref<const float>& b, const matrix_ref<float>& c,
+                 gemm_mode mode = gemm_mode::assign) {
+    gemm_on<simd::default_arch>(a, b, c, mode);
+}
+
 // Rows per block of gemm_rows. Large enough that re-packing B per block costs a few percent of
 // the block's FLOPs (B is packed once per block: K*N loads against 2*rows*K*N FLOPs), small
 // enough that two threads share N = 512 rows evenly.

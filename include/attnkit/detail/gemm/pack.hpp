@@ -1,0 +1,53 @@
+// Packing of the GEMM operands into the layouts the register tile reads (micro_kernels.hpp
+// scores_tile: kp[m * kc + d] broadcast, qt[d * kNR + n * W] loaded):
+//
+//   A block  [mc, kc] of row-major A -> ceil(mc / kMR) micro-panels of kMR x kc, each row its kc
+//            floats copied as they are (a row of A is already contiguous)
+//   B block  [kc, nc] of row-major B -> ceil(nc / kNR) micro-panels of kc x kNR, row d of a
+//            panel the kNR floats B[d][j0 .. j0 + kNR)
+//
+// Rows and columns past the block's edge are zero, so edge tiles run the same full-size
+// kernel; their extra results are computed and never stored.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include "attnkit/config.hpp"
+
+namespace attnkit {
+namespace detail {
+
+template <index_t kMR>
+inline void gemm_pack_a(const float* a, index_t lda, index_t mc, index_t kc, float* ATTNKIT_RESTRICT ap) {
+    const std::size_t bytes = static_cast<std::size_t>(kc) * sizeof(float);
+    for (index_t i0 = 0; i0 < mc; i0 += kMR)
+        for (index_t m = 0; m < kMR; ++m, ap += kc) {
+            if (i0 + m < mc)
+                std::memcpy(ap, a + (i0 + m) * lda, bytes);
+            else
+                std::fill_n(ap, kc, 0.0f);
+        }
+}
+
+// B is read row by row (each row of the block is nc contiguous floats, the order hardware
+// prefetchers follow when B comes from DRAM, as the StaticEmbQK weights do) and scattered to
+// the panels, one kNR-float line of each per row.
+template <index_t kNR>
+inline void gemm_pack_b(const float* b, index_t ldb, index_t kc, index_t nc, float* ATTNKIT_RESTRICT bp) {
+    const index_t full = nc / kNR, rest = nc % kNR;
+    const index_t panel = kc * kNR;
+    for (index_t d = 0; d < kc; ++d) {
+        const float* src = b + d * ldb;
+        float* dst = bp + d * kNR;
+        for (index_t p = 0; p < full; ++p) std::memcpy(dst + p * panel, src + p * kNR, kNR * sizeof(float));
+        if (rest) {
+            float* tail = dst + full * panel;
+            std::memcpy(tail, src + full * kNR, static_cast<std::size_t>(rest) * sizeof(float));
+            std::fill_n(tail + rest, kNR - rest, 0.0f);
+        }
+    }
+}
+
+}  // namespace detail
+}  // namespace attnkit
