@@ -9,6 +9,7 @@
 #include "attnkit/reference/softmax_attention.hpp"
 #include "attnkit/self_gating_attention.hpp"
 #include "attnkit/softmax_attention.hpp"
+#include "attnkit/static_qk_attention.hpp"
 #include "attnkit/taylor_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -432,6 +433,42 @@ TEST(check_test_state, state_sizes_name_the_state_and_every_size) {
     so.key_lengths = {3, 4};
     expect_state_rejected([&] { attnkit::self_gating_state(2, 2, 1, 8, 8, so); }, "self_gating_state",
                           "got 2 lengths", "opts.key_lengths must be empty");
+}
+
+// MTA's outputs share no memory with its inputs (detail/mta/check.hpp): not even out = q, since
+// a query block re-reads the convolution halo rows of the block before it. mta_state::step
+// allows exactly out = q (a token's query is copied before its output is written).
+TEST(check_test_mta, out_overlapping_an_input_is_rejected) {
+    const index_t b = 1, l = 5, h = 2, d = 4;
+    tensor4<float> q = make_bshd(b, l, h, d, 0.5f), k = make_bshd(b, l, h, d, 0.25f), v = make_bshd(b, l, h, d, 1.0f);
+    const attnkit::mta_options o;
+    const auto expect_overlap = [](const std::function<void()>& f, const std::string& input) {
+        try {
+            f();
+            ADD_FAILURE() << "no exception for out over " << input;
+        } catch (const std::invalid_argument& e) {
+            const std::string what = e.what();
+            EXPECT_NE(what.find("out [1, 5, 2, 4] and " + input + " [1, 5, 2, 4] overlap in memory"), std::string::npos)
+                << what;
+        }
+    };
+    expect_overlap([&] { attnkit::mta_attention(q, k, v, q, o); }, "q");
+    expect_overlap([&] { attnkit::mta_attention(q, k, v, k, o); }, "k");
+    expect_overlap([&] { attnkit::mta_attention(q, k, v, v, o); }, "v");
+    EXPECT_TRUE(all_equal_to(q, 0.5f));
+    EXPECT_TRUE(all_equal_to(k, 0.25f));
+    EXPECT_TRUE(all_equal_to(v, 1.0f));
+
+    attnkit::mta_state st(b, h, h, d, d, o);
+    expect_overlap([&] { st.step(q, k, v, k); }, "k");
+    expect_overlap([&] { st.step(q, k, v, v); }, "v");
+    EXPECT_EQ(0, st.length());
+    EXPECT_TRUE(all_equal_to(k, 0.25f));
+    EXPECT_TRUE(all_equal_to(v, 1.0f));
+    // In place over q: v is constant, so every output is 1.
+    st.step(q, k, v, q);
+    EXPECT_EQ(l, st.length());
+    EXPECT_TRUE(all_close(q, make_bshd(b, l, h, d, 1.0f), 1e-6, 1e-6));
 }
 
 }  // namespace

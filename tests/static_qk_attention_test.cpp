@@ -400,4 +400,36 @@ TEST(static_attention_map, bad_input_throws_before_writing) {
     expect_invalid([&] { static_attention_map::from_weights(w_sq, 3); }, "heads_kv");
 }
 
+// Outputs share no memory with the inputs: not even out = v in place (H == Hk, same shape),
+// since every query block reads all value rows up to its own. Nothing is written.
+TEST(static_qk_attention, out_overlapping_an_input_is_rejected) {
+    const index_t B = 2, Lmax = 7, H = 2, D = 4;
+    tensor4<float> qf = random_bshd(1, Lmax, H, D, distribution::uniform, 1);
+    tensor4<float> kf = random_bshd(1, Lmax, H, D, distribution::uniform, 2);
+    tensor4<float> v = random_bshd(B, Lmax, H, D, distribution::uniform, 3);
+    const tensor4<float> v_before = v;
+    expect_invalid([&] { attnkit::static_qk_attention(qf, kf, v, v); }, "out [2, 7, 2, 4] and v [2, 7, 2, 4] overlap");
+    // out over the stream: a [1, Lmax, H, D] out of a batch-1 call laid over q_fixed or k_fixed.
+    const tensor4<float> v1 = random_bshd(1, Lmax, H, D, distribution::uniform, 4);
+    const tensor4<float> qf_before = qf;
+    expect_invalid([&] { attnkit::static_qk_attention(qf, kf, v1, qf); }, "and q_fixed");
+    expect_invalid([&] { attnkit::static_qk_attention(qf, kf, v1, kf); }, "and k_fixed");
+    // ... and a zero-stride out (every row the same memory).
+    tensor4<float> row = make_bshd<float>(B, 1, H, D, kSentinel);
+    const attnkit::view<float, 4> zero(row.data(), {B, Lmax, H, D}, {H * D, 0, D, 1});
+    expect_invalid([&] { attnkit::static_qk_attention(qf, kf, v, zero); }, "make its elements overlap");
+    EXPECT_TRUE(all_equal_to(row, kSentinel));
+    EXPECT_TRUE(all_close(v, v_before, 0.0, 0.0));
+    EXPECT_TRUE(all_close(qf, qf_before, 0.0, 0.0));
+
+    const static_attention_map map(qf, kf);
+    expect_invalid([&] { map.apply(v, v); }, "out [2, 7, 2, 4] and v [2, 7, 2, 4] overlap");
+    // The last row of out (T = 1) laid over v's last row.
+    const attnkit::view<float, 4> last(v.data() + (Lmax - 1) * H * D, {B, 1, H, D}, {Lmax * H * D, H * D, D, 1});
+    expect_invalid([&] { map.apply(v, last); }, "overlap in memory");
+    expect_invalid([&] { map.apply(v, zero); }, "make its elements overlap");
+    EXPECT_TRUE(all_close(v, v_before, 0.0, 0.0));
+    EXPECT_TRUE(all_equal_to(row, kSentinel));
+}
+
 }  // namespace

@@ -82,7 +82,11 @@ shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& 
     if (s.len_k >= (index_t(1) << 24))
         fail("k: at most 2^24 - 1 keys per call, got Lk = " + std::to_string(s.len_k) + " in " + shape_string(k));
     check_out("out", out, s);
-    return check_options(o, s);
+    const shape r = check_options(o, s);
+    // out shares memory with no input, not even as q itself: a query block re-reads the c_q - 1
+    // rows before it (convolution halo), which another work item may already have written.
+    check_outputs_apart({region_of("out", out)}, {region_of("q", q), region_of("k", k), region_of("v", v)});
+    return r;
 }
 
 }  // namespace mta

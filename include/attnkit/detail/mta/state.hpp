@@ -65,6 +65,8 @@ class mta_state {
         const auto ov = detail::out_view(std::forward<O>(out));
         const detail::attention_shape a = detail::check_qkv(qv, kv, vv);
         detail::check_out("out", ov, a);
+        // out = q (the same view) is safe here: a token's query is copied before its output is written.
+        detail::check_attention_memory(qv, kv, vv, ov, static_cast<const view<float, 3>*>(nullptr));
         const index_t T = a.len_q;
         if (a.len_k != T)
             detail::fail("mta_state::step: q and k must hold the same T new tokens, got q " + shape_string(qv) +

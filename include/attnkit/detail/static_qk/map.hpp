@@ -76,6 +76,8 @@ class static_attention_map {
                           std::is_same<typename decltype(ov)::value_type, float>::value,
                       "attnkit::static_attention_map::apply: float v and out");
         const sq::values_shape s = sq::check_values(vv, ov, lmax_, heads_, heads_kv_, true, "map");
+        // out shares no memory with v: an output row reads every value row up to its own.
+        detail::check_outputs_apart({detail::region_of("out", ov)}, {detail::region_of("v", vv)});
         sq::apply_map<simd::default_arch>(p_.data(), lmax_, s, vv, ov, pool);
     }
 
