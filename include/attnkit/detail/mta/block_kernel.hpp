@@ -96,7 +96,7 @@ class block_kernel {
         k_loaded_ = -1;
         if (p_.pre.on()) {
             const index_t G = p_.pre.groups, cq = p_.pre.c_q, ck = p_.pre.c_k;
-            const index_t kx0 = ka - p_.hk1, nx = round_up(nk, 4) + ck - 1, xr0 = yr0 - p_.hq1, rs = npx * RT;
+            const index_t kx0 = ka - p_.hk1, nx = round_up(nk, kConvKeys<A>) + ck - 1, xr0 = yr0 - p_.hq1, rs = npx * RT;
             const index_t v0 = std::max<index_t>(kx0, 0), v1 = std::min(kx0 + nx, kend), nv = v1 - v0;
             const float** in = in_.data();
             for (index_t g0 = 0; g0 < H; g0 += G) {
@@ -118,8 +118,8 @@ class block_kernel {
                 }
                 for (index_t m = 0; m < G; ++m) {
                     const index_t h = g0 + m;
-                    conv_panels<A>(in, rs, p_.th_pre.data() + h * G * cq * ck, G, cq, ck, nk, npy, ka, yr0, false,
-                                   yh_[h], nkp);
+                    conv_panels<A>(in, rs, p_.th_pre.data() + h * G * cq * ck,
+                                   p_.pk_pre.data() + h * p_.pk_pre_head, G, cq, ck, nk, npy, ka, yr0, false, yh_[h], nkp);
                 }
             }
         } else {
@@ -137,7 +137,7 @@ class block_kernel {
     void mix(const float* w, index_t np, index_t nk) {
         float* cur = at(in_y2_ ? p_.o_y2 : p_.o_y);
         float* other = at(in_y2_ ? p_.o_y : p_.o_y2);
-        const index_t n = round_up(nk, 2) * RT;  // a multiple of 4 W, as head_mix needs
+        const index_t n = nk * RT;
         for (index_t pnl = 0; pnl < np; ++pnl) {
             const index_t off = pnl * p_.nkp * RT;
             for (index_t h = 0; h < p_.H; ++h) {
@@ -217,7 +217,7 @@ class block_kernel {
             const index_t nk = std::min(p_.block_keys, i1 - j0);
             if (p_.post.on()) {
                 const index_t G = p_.post.groups, cq = p_.post.c_q, ck = p_.post.c_k;
-                const index_t ka = j0 - p_.hk2, ny = round_up(nk, 4) + ck - 1;
+                const index_t ka = j0 - p_.hk2, ny = round_up(nk, kConvKeys<A>) + ck - 1;
                 build_y(b, yr0, npy, npx, ka, ny);
                 const float** in = in_.data();
                 for (index_t g0 = 0; g0 < p_.H; g0 += G) {
@@ -231,8 +231,9 @@ class block_kernel {
                     }
                     for (index_t mm = 0; mm < G; ++mm) {
                         const index_t h = g0 + mm;
-                        conv_panels<A>(in, npy * RT, p_.th_post.data() + h * G * cq * ck, G, cq, ck, nk, npo, j0, i0,
-                                       true, yh_[h], p_.nkp);
+                        conv_panels<A>(in, npy * RT, p_.th_post.data() + h * G * cq * ck,
+                                       p_.pk_post.data() + h * p_.pk_post_head, G, cq, ck, nk, npo, j0, i0, true,
+                                       yh_[h], p_.nkp);
                     }
                 }
             } else {

@@ -47,14 +47,24 @@ inline std::vector<float> dense(const view<const float, 1>& t) {
 #ifndef ATTNKIT_MTA_CONV_BLOCK_KEYS
 #define ATTNKIT_MTA_CONV_BLOCK_KEYS 120
 #endif
+#ifndef ATTNKIT_MTA_BLOCK_ROWS
+#define ATTNKIT_MTA_BLOCK_ROWS 64
+#endif
+#ifndef ATTNKIT_MTA_BLOCK_KEYS
+#define ATTNKIT_MTA_BLOCK_KEYS 60
+#endif
 constexpr index_t kConvBlockRows = ATTNKIT_MTA_CONV_BLOCK_ROWS;
 constexpr index_t kConvBlockKeys = ATTNKIT_MTA_CONV_BLOCK_KEYS;
+constexpr index_t kBlockRows = ATTNKIT_MTA_BLOCK_ROWS;
+constexpr index_t kBlockKeys = ATTNKIT_MTA_BLOCK_KEYS;
 
 struct plan {
     index_t B = 0, L = 0, H = 0, Hk = 0, group = 1, D = 0, Dv = 0;
     float q_scale = 1.0f;  // scale * log2(e): the whole pre-softmax pipeline is linear, so it runs in log2 units
     conv_shape pre, post;
     std::vector<float> th_pre, th_post, w_pre, w_post, norm_w, gate_w;
+    std::vector<float> pk_pre, pk_post;  // the kernels packed for conv_panels (pack_conv_weights)
+    index_t pk_pre_head = 0, pk_post_head = 0;  // packed floats per output head
     bool head_pre = false, head_post = false;
     // Post head mixing commutes with the value product when it only mixes heads that read the
     // same value head (GQA/MQA groups): then it is applied to the outputs, O'_h = sum_g W_hg O_g.
@@ -83,8 +93,16 @@ plan make_plan(const shape& ms, const mta_options& o) {
     p.B = s.batch, p.L = s.len_q, p.H = s.heads, p.Hk = s.heads_k, p.group = s.group(), p.D = s.dim, p.Dv = s.dim_v;
     p.q_scale = resolve_scale(o.scale, s.dim) * simd::kLog2e;
     p.pre = ms.pre, p.post = ms.post;
-    if (p.pre.on()) p.th_pre = dense(o.kq_pre);
-    if (p.post.on()) p.th_post = dense(o.kq_post);
+    if (p.pre.on()) {
+        p.th_pre = dense(o.kq_pre);
+        p.pk_pre = pack_conv_weights<A>(p.th_pre, p.H * p.pre.groups * p.pre.c_q, p.pre.c_k);
+        p.pk_pre_head = static_cast<index_t>(p.pk_pre.size()) / p.H;
+    }
+    if (p.post.on()) {
+        p.th_post = dense(o.kq_post);
+        p.pk_post = pack_conv_weights<A>(p.th_post, p.H * p.post.groups * p.post.c_q, p.post.c_k);
+        p.pk_post_head = static_cast<index_t>(p.pk_post.size()) / p.H;
+    }
     p.head_pre = o.head_pre.data != nullptr;
     p.head_post = o.head_post.data != nullptr;
     if (p.head_pre) p.w_pre = dense(o.head_pre);
@@ -111,15 +129,17 @@ plan make_plan(const shape& ms, const mta_options& o) {
     // fraction (measured at H = 16, D = 96: 128 x 120 against 64 x 60), without one smaller
     // blocks keep the tiles of all heads in L2.
     const bool conv = p.pre.on() || p.post.on();
-    p.block_rows = std::min<index_t>(round_up(std::max<index_t>(p.L, 1), RT), std::max<index_t>(conv ? kConvBlockRows : 64, RT));
-    p.block_keys = conv ? kConvBlockKeys : 60;
+    p.block_rows = std::min<index_t>(round_up(std::max<index_t>(p.L, 1), RT), std::max<index_t>(conv ? kConvBlockRows : kBlockRows, RT));
+    p.block_keys = conv ? kConvBlockKeys : kBlockKeys;
     p.n_qblocks = (p.L + p.block_rows - 1) / p.block_rows;
 
     p.npo = p.block_rows / RT;
     p.npy = p.two_pass ? (p.npo * RT + p.hq2 + RT - 1) / RT : p.npo;
     p.npx = p.pre.on() ? (p.npy * RT + p.hq1 + RT - 1) / RT : p.npy;
-    // Y keys of a block: the block, plus the post halo rounded as conv_panels reads it.
-    p.nkp = round_up(p.block_keys + 2 * p.hk2 + 4, kKeyPad) + kKeyPad;
+    // Y keys of a block: the block rounded to the convolution's key blocks plus the post halo,
+    // then room for rounding that to key blocks again (the pre convolution's output) and to kMR
+    // (the score micro-kernel's output).
+    p.nkp = round_up(round_up(p.block_keys, kConvKeys<A>) + 2 * p.hk2, kKeyPad) + kKeyPad;
     p.nkx = round_up(p.nkp + 2 * p.hk1, kKeyPad) + kKeyPad;
     p.rsx = p.npx * RT;
     p.rsp = p.npy * RT;
