@@ -7,7 +7,8 @@
 //   self_gating_state  one decode step (T = 1) of attnkit::self_gating_state, tokens/s
 //   softmax       attnkit::softmax_attention, causal, L in {4096, 16384} (L = 32768 would take
 //                 ~20 s per iteration; 16384 is the same-shape comparison), one iteration at 16384
-// Shapes: B = 1, H = Hk = 8, D = Dv = 128; threads 1 and 2.
+// Shapes: B = 1, H = Hk = 8, D = Dv = 128 (and 64 at the suite's lengths 2048, 8192); threads
+// 1 and 2.
 // Counters: GB/s = bytes of q, k, v and out (each once) per second; bw_frac = that over the DRAM
 // read bandwidth measured in the same run with as many threads (common/bench_main.hpp);
 // FLOP/s and peak_frac with the work of each family (self-gating: (2 D + 2 Dv) per token and
@@ -34,16 +35,16 @@ namespace attnkit_bench {
 namespace {
 
 using tensor4 = Eigen::Tensor<float, 4, Eigen::RowMajor>;
-constexpr std::int64_t kH = 8, kD = 128;
+constexpr std::int64_t kH = 8, kD = 128;  // kD: every row but the suite's twins (D = 64)
 
 struct inputs {
     tensor4 q, k, v;
 };
 
-// Deterministic inputs per length (xorshift + sum of uniforms, ~N(0, 1)), cached.
-const inputs& inputs_for(std::int64_t L) {
-    static std::map<std::int64_t, std::unique_ptr<inputs>> cache;
-    auto& p = cache[L];
+// Deterministic inputs per length and head dim (xorshift + sum of uniforms, ~N(0, 1)), cached.
+const inputs& inputs_for(std::int64_t L, std::int64_t D) {
+    static std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<inputs>> cache;
+    auto& p = cache[{L, D}];
     if (!p) {
         p = std::make_unique<inputs>();
         std::uint64_t s = 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(L);
@@ -52,7 +53,7 @@ const inputs& inputs_for(std::int64_t L) {
             return static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-53);
         };
         for (tensor4* t : {&p->q, &p->k, &p->v}) {
-            t->resize(1, L, kH, kD);
+            t->resize(1, L, kH, D);
             for (std::int64_t i = 0; i < t->size(); ++i)
                 t->data()[i] = (next() + next() + next() - 1.5f) * 2.0f;
         }
@@ -60,32 +61,32 @@ const inputs& inputs_for(std::int64_t L) {
     return *p;
 }
 
-double bytes_of(std::int64_t L) { return 4.0 * static_cast<double>(L * kH * kD) * sizeof(float); }
+double bytes_of(std::int64_t L, std::int64_t D) { return 4.0 * static_cast<double>(L * kH * D) * sizeof(float); }
 
 // Row i of head h against a double recomputation of the self-gating mean.
 bool check_self_gating(const inputs& in, const tensor4& out, bool causal, std::string& why) {
-    const std::int64_t L = in.q.dimension(1);
+    const std::int64_t L = in.q.dimension(1), D = in.q.dimension(3);
     for (std::int64_t i = 0; i < out.size(); ++i)
         if (!std::isfinite(out.data()[i])) return why = "non-finite output", false;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(kD));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     for (std::int64_t h : {std::int64_t(0), kH - 1}) {
         std::vector<double> g(static_cast<std::size_t>(L));
         for (std::int64_t j = 0; j < L; ++j) {
             double s = 0;
-            for (std::int64_t d = 0; d < kD; ++d) s += double(in.q(0, j, h, d)) * double(in.k(0, j, h, d));
+            for (std::int64_t d = 0; d < D; ++d) s += double(in.q(0, j, h, d)) * double(in.k(0, j, h, d));
             g[j] = scale * s;
         }
         for (std::int64_t i : {std::int64_t(0), L / 3, L - 1}) {
             const std::int64_t n = causal ? i + 1 : L;
             double m = -HUGE_VAL, z = 0;
             for (std::int64_t j = 0; j < n; ++j) m = std::max(m, g[j]);
-            std::vector<double> acc(kD, 0.0);
+            std::vector<double> acc(D, 0.0);
             for (std::int64_t j = 0; j < n; ++j) {
                 const double w = std::exp(g[j] - m);
                 z += w;
-                for (std::int64_t d = 0; d < kD; ++d) acc[d] += w * in.v(0, j, h, d);
+                for (std::int64_t d = 0; d < D; ++d) acc[d] += w * in.v(0, j, h, d);
             }
-            for (std::int64_t d = 0; d < kD; ++d)
+            for (std::int64_t d = 0; d < D; ++d)
                 if (std::fabs(acc[d] / z - out(0, i, h, d)) > 1e-4 * (1.0 + std::fabs(acc[d] / z)))
                     return why = "row " + std::to_string(i) + " head " + std::to_string(h) + " differs", false;
         }
@@ -95,9 +96,9 @@ bool check_self_gating(const inputs& in, const tensor4& out, bool causal, std::s
 
 enum class family { self_gating, reference, softmax };
 
-void BM_case(benchmark::State& state, family f, std::int64_t L, bool causal, int threads) {
-    const inputs& in = inputs_for(L);
-    tensor4 out(1, L, kH, kD);
+void BM_case(benchmark::State& state, family f, std::int64_t L, std::int64_t D, bool causal, int threads) {
+    const inputs& in = inputs_for(L, D);
+    tensor4 out(1, L, kH, D);
     out.setConstant(std::nanf(""));
     attnkit::thread_pool* pool = shared_pool(threads);
     for (auto _ : state) {
@@ -122,12 +123,12 @@ void BM_case(benchmark::State& state, family f, std::int64_t L, bool causal, int
     if (f != family::softmax && !check_self_gating(in, out, causal, why)) state.SkipWithError(why.c_str());
     const double pairs = f == family::self_gating ? static_cast<double>(L)
                                                   : (causal ? 0.5 * static_cast<double>(L) * (L + 1) : double(L) * L);
-    const double flops = pairs * kH * 4.0 * kD;
-    state.counters["GB/s"] = benchmark::Counter(bytes_of(L) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+    const double flops = pairs * kH * 4.0 * D;
+    state.counters["GB/s"] = benchmark::Counter(bytes_of(L, D) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
     state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
     // Fractions need the rate: Google Benchmark divides rate counters by the time afterwards,
     // so these are set as rates of (bytes / bandwidth) and (flops / peak).
-    state.counters["bw_frac"] = benchmark::Counter(bytes_of(L) / dram_read_bandwidth(threads),
+    state.counters["bw_frac"] = benchmark::Counter(bytes_of(L, D) / dram_read_bandwidth(threads),
                                                    benchmark::Counter::kIsIterationInvariantRate);
     state.counters["peak_frac"] = benchmark::Counter(flops / machine_peak_flops(threads),
                                                      benchmark::Counter::kIsIterationInvariantRate);
@@ -151,11 +152,12 @@ void BM_decode_step(benchmark::State& state, int threads) {
 
 void register_all() {
     const char* names[] = {"self_gating", "reference", "softmax"};
-    auto add = [&](family f, std::int64_t L, bool causal, int threads, std::int64_t iterations) {
+    auto add = [&](family f, std::int64_t L, bool causal, int threads, std::int64_t iterations,
+                   std::int64_t D = kD) {
         const std::string name = std::string(names[static_cast<int>(f)]) + "/L:" + std::to_string(L) +
-                                 "/D:" + std::to_string(kD) + "/H:" + std::to_string(kH) +
+                                 "/D:" + std::to_string(D) + "/H:" + std::to_string(kH) +
                                  "/causal:" + (causal ? "1" : "0") + "/threads:" + std::to_string(threads);
-        auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_case, f, L, causal, threads)
+        auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_case, f, L, D, causal, threads)
                       ->UseRealTime()
                       ->Unit(benchmark::kMillisecond);
         if (iterations > 0) b->Iterations(iterations)->Repetitions(1);
@@ -173,6 +175,10 @@ void register_all() {
         add(family::softmax, 4096, true, t, 0);
         add(family::softmax, 16384, true, t, 1);
     }
+    // The comparison suite's shape (bench/variants_bench.cpp: D = 64, causal), so that its
+    // self_gating rows have a twin here (bench/scripts/plot_report.py, suite against own).
+    for (std::int64_t L : {2048, 8192})
+        for (int t : kThreadCounts) add(family::self_gating, L, true, t, 0, 64);
 }
 
 }  // namespace

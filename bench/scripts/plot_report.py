@@ -4,8 +4,9 @@
     /usr/bin/python3 bench/scripts/plot_report.py OUT_DIR RESULTS.json [MORE.json ...]
 
 Also writes OUT_DIR/suite.md: the fastest variant at each L (prefill) and context (decode),
-the lengths from which Taylor and static QK beat standard attention, and each decoder
-schedule's throughput relative to the all-standard model.
+the lengths from which Taylor and static QK beat standard attention, each decoder schedule's
+throughput relative to the all-standard model and, when the JSON of the variants' own
+benchmark programs is given too (the bench-all preset), each suite row against its twin there.
 
 Benchmark names follow bench/variants_bench.cpp:
 
@@ -173,6 +174,65 @@ def summary(runs, label):
     return "## Comparison suite\n\n" + ("Machine: " + label + "\n\n" if label else "") + "".join(text)
 
 
+# Each suite row's twin in the variant's own benchmark program (same entry point, same shape):
+# (suite variant, kind) -> (own family, fields the own row must carry). "{x}" takes the suite
+# row's field x; "{H*D}" the model width. Rows without a twin are listed as such.
+OWN_TWINS = {
+    ("softmax", "prefill"): ("attnkit", {"L": "{L}", "D": "{D}", "H": "{H}", "causal": "1"}),
+    ("taylor", "prefill"): ("taylor_automatic", {"L": "{L}", "D": "{D}", "H": "{H}", "causal": "1"}),
+    ("self_gating", "prefill"): ("self_gating", {"L": "{L}", "D": "{D}", "H": "{H}", "causal": "1"}),
+    ("static_qk", "prefill"): ("static_qk", {"B": "1", "L": "{L}", "D": "{D}", "H": "{H}"}),
+    ("mta", "prefill"): ("mta_full", {"L": "{L}", "D": "{D}", "H": "{H}"}),
+    ("mlp", "prefill"): ("gated_mlp", {"N": "{L}", "d_model": "{H*D}"}),
+    ("softmax", "decode"): ("attnkit", {"decode": None, "Lk": "{ctx}", "D": "{D}", "H": "{H}"}),
+}
+
+
+def own_twin(runs, name):
+    """The own-benchmark row measuring the same call as suite row `name`, or None."""
+    parts, f = parse(name)
+    if len(parts) < 2 or (parts[0], parts[1]) not in OWN_TWINS:
+        return None
+    family, want = OWN_TWINS[(parts[0], parts[1])]
+    values = dict(f)
+    if "H" in f and "D" in f:
+        values["H*D"] = str(int(f["H"]) * int(f["D"]))
+    want = {k: (v.format(**values) if v else None) for k, v in want.items()}
+    want["threads"] = f.get("threads", "1")
+    for other in runs:
+        oparts, of = parse(other)
+        if oparts[0] != family or other == name or len(oparts) < 2:
+            continue
+        if ("decode" in want) != (oparts[1] == "decode"):
+            continue
+        if all(k == "decode" or of.get(k) == v for k, v in want.items()):
+            return other
+    return None
+
+
+def suite_vs_own(runs):
+    """Markdown: each suite row that has a twin in a variant's own benchmark, time ratio."""
+    rows, slower = [], []
+    for name in sorted(runs):
+        twin = own_twin(runs, name)
+        if twin is None:
+            continue
+        ms, own_ms = runs[name][0], runs[twin][0]
+        ratio = ms / own_ms
+        rows.append([name.split("/min_time")[0], twin.split("/real_time")[0], fmt_ms(ms), fmt_ms(own_ms), "%.2f" % ratio])
+        if ratio > 1.10:
+            slower.append(name)
+    if not rows:
+        return "", []
+    text = "### The suite against each variant's own benchmark (same call, same shape)\n\n"
+    text += table(["suite row", "own benchmark row", "suite ms", "own ms", "suite / own"], rows) + "\n"
+    if slower:
+        text += "Slower in the suite by more than 10%%: %s\n\n" % ", ".join(slower)
+    else:
+        text += "No suite row is more than 10%% slower than its own-benchmark twin (%d pairs).\n\n" % len(rows)
+    return text, slower
+
+
 def main(argv):
     if len(argv) < 3:
         print(__doc__.strip())
@@ -202,6 +262,8 @@ def main(argv):
 
     written = []
     md = summary(runs, label)
+    own_md, _ = suite_vs_own(runs)
+    md += own_md
     if md:
         p = os.path.join(out_dir, "suite.md")
         with open(p, "w") as f:
