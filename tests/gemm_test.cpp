@@ -88,7 +88,7 @@ TEST(gemm, assign_matches_plain_loops_on_edge_sizes) {
 // The same sweep, exactly at and one past the active arch's tile, and on the scalar path.
 TEST(gemm, tile_edges_of_the_active_arch_and_the_scalar_path) {
     std::uint64_t seed = 500;
-    for (index_t M : {kMR - 1, kMR, kMR + 1, 3 * kMR + 2})
+    for (index_t M : {index_t(1), index_t(2), kMR - 1, kMR, kMR + 1, 3 * kMR + 2})
         for (index_t N : {kNR - 1, kNR, kNR + 1, 3 * kNR + 2})
             for (index_t K : {index_t(1), index_t(5), index_t(256), index_t(257)}) {
                 const padded a(M, K, 2, distribution::gaussian, seed++), b(K, N, 3, distribution::gaussian, seed++);
