@@ -83,12 +83,12 @@ void mta_attention(const Q& q, const K& k, const V& v, O&& out, const mta_option
     const auto kv = detail::k_view(k);
     const auto vv = detail::v_view(v);
     const auto ov = detail::out_view(std::forward<O>(out));
-    static_assert(std::is_same<typename decltype(qv)::value_type, float>::value &&
-                      std::is_same<typename decltype(kv)::value_type, float>::value &&
-                      std::is_same<typename decltype(vv)::value_type, float>::value &&
-                      std::is_same<typename decltype(ov)::value_type, float>::value,
-                  "attnkit::mta_attention: float storage");
-    detail::mta::forward<simd::default_arch>(qv, kv, vv, ov, opts);
+    constexpr bool kFloat = std::is_same<typename decltype(qv)::value_type, float>::value &&
+                            std::is_same<typename decltype(kv)::value_type, float>::value &&
+                            std::is_same<typename decltype(vv)::value_type, float>::value &&
+                            std::is_same<typename decltype(ov)::value_type, float>::value;
+    static_assert(kFloat, "attnkit::mta_attention: float storage");
+    if constexpr (kFloat) detail::mta::forward<simd::default_arch>(qv, kv, vv, ov, opts);  // else: that error alone
 }
 
 // The block-diagonal [H, H] head_post matrix of a grouped head convolution kernel

@@ -71,13 +71,18 @@ problem make_problem(const view<const float, 4>& q, const view<const float, 4>& 
     return p;
 }
 
-template <class A, class T>
-void attention_impl(const view<const T, 4>& q, const view<const T, 4>& k, const view<const T, 4>& v,
-                    const view<float, 4>& out, const self_gating_options& opts) {
-    static_assert(std::is_same<T, float>::value, "attnkit::self_gating_attention: float storage");
-    const attention_shape s = check_call(q, k, v, out, opts);
-    const problem p = make_problem<A>(q, k, v, out, s, opts.scale, opts.causal, opts.key_lengths, 0);
-    run<A>(p, opts.pool, nullptr, nullptr);
+// A wrong element type (or a mix) stops at the static_assert alone: nothing else is instantiated.
+template <class A, class TQ, class TK, class TV, class TO>
+void attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
+                    const view<TO, 4>& out, const self_gating_options& opts) {
+    constexpr bool kFloat = std::is_same<TQ, float>::value && std::is_same<TK, float>::value &&
+                            std::is_same<TV, float>::value && std::is_same<TO, float>::value;
+    static_assert(kFloat, "attnkit::self_gating_attention: float storage (q, k, v and out float tensors)");
+    if constexpr (kFloat) {
+        const attention_shape s = check_call(q, k, v, out, opts);
+        const problem p = make_problem<A>(q, k, v, out, s, opts.scale, opts.causal, opts.key_lengths, 0);
+        run<A>(p, opts.pool, nullptr, nullptr);
+    }
 }
 
 }  // namespace self_gating
@@ -119,16 +124,20 @@ class self_gating_state {
         const auto kv = detail::k_view(k);
         const auto vv = detail::v_view(v);
         const auto ov = detail::out_view(out);
-        static_assert(std::is_same<typename decltype(qv)::value_type, float>::value &&
-                          std::is_same<typename decltype(ov)::value_type, float>::value,
-                      "attnkit::self_gating_state: float storage");
-        const detail::attention_shape s =
-            detail::self_gating::check_step(qv, kv, vv, ov, batch_, heads_, heads_kv_, dim_, dim_v_);
-        const detail::self_gating::problem p =
-            detail::self_gating::make_problem<A>(qv, kv, vv, ov, s, opts_.scale, true, opts_.key_lengths, length_);
-        const detail::self_gating::state_arrays st{m_.data(), z_.data(), n_.data()};
-        detail::self_gating::run<A>(p, opts_.pool, &st, &st);
-        length_ += s.len_q;
+        constexpr bool kFloat = std::is_same<typename decltype(qv)::value_type, float>::value &&
+                                std::is_same<typename decltype(kv)::value_type, float>::value &&
+                                std::is_same<typename decltype(vv)::value_type, float>::value &&
+                                std::is_same<typename decltype(ov)::value_type, float>::value;
+        static_assert(kFloat, "attnkit::self_gating_state: float storage (q, k, v and out float tensors)");
+        if constexpr (kFloat) {  // nothing else instantiated for a wrong type: one error
+            const detail::attention_shape s =
+                detail::self_gating::check_step(qv, kv, vv, ov, batch_, heads_, heads_kv_, dim_, dim_v_);
+            const detail::self_gating::problem p =
+                detail::self_gating::make_problem<A>(qv, kv, vv, ov, s, opts_.scale, true, opts_.key_lengths, length_);
+            const detail::self_gating::state_arrays st{m_.data(), z_.data(), n_.data()};
+            detail::self_gating::run<A>(p, opts_.pool, &st, &st);
+            length_ += s.len_q;
+        }
     }
 
     // Tokens appended since construction or the last reset (masked ones included).

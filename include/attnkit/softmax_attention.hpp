@@ -21,13 +21,14 @@ namespace detail {
 template <class X>
 constexpr bool kIsTensorArg = tensor_traits<std::decay_t<X>>::kIsTensorish;
 
+// Storage types the kernels take: k and v float, bfloat16 or half of one type; q float or that type.
+template <class TQ, class TK, class TV>
+constexpr bool kIsKernelStorage = simd::kIsStorageType<TK> && std::is_same<TK, TV>::value &&
+                                  (std::is_same<TQ, float>::value || std::is_same<TQ, TK>::value);
+
 template <class A, class TQ, class TK, class TV>
-void softmax_attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
-                            const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
-    static_assert(simd::kIsStorageType<TK> && std::is_same<TK, TV>::value &&
-                      (std::is_same<TQ, float>::value || std::is_same<TQ, TK>::value),
-                  "attnkit::softmax_attention: k and v must be float, Eigen::bfloat16 or Eigen::half tensors of one "
-                  "type, q float or that type (out and lse float)");
+void softmax_attention_run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
+                           const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
     const attention_shape s = check_qkv(q, k, v);
     // Mask bounds are compared to key indices in float lanes, exact below 2^24.
     if (s.len_k >= (index_t(1) << 24))
@@ -45,12 +46,27 @@ void softmax_attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>&
     attention_forward<A>(make_problem(q, k, v, s, opts), fo, opts.pool);
 }
 
+// The static_assert is the only diagnostic of a wrong element type (double q with float k, a
+// double out, ...): the kernel is not instantiated for it, so no second error follows from
+// inside the engine.
+template <class A, class TQ, class TK, class TV, class TO, class TL>
+void softmax_attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
+                            const view<TO, 4>& out, const view<TL, 3>* lse, const softmax_options& opts) {
+    constexpr bool kStorage =
+        kIsKernelStorage<TQ, TK, TV> && std::is_same<TO, float>::value && std::is_same<TL, float>::value;
+    static_assert(kStorage,
+                  "attnkit::softmax_attention: k and v must be float, Eigen::bfloat16 or Eigen::half tensors of one "
+                  "type, q float or that type, out and lse float (double is for attnkit::reference)");
+    if constexpr (kStorage) softmax_attention_run<A>(q, k, v, out, lse, opts);
+}
+
 }  // namespace detail
 
 template <class Q, class K, class V, class O>
 void softmax_attention(const Q& q, const K& k, const V& v, O&& out, const softmax_options& opts = {}) {
     detail::softmax_attention_impl<simd::default_arch>(detail::q_view(q), detail::k_view(k), detail::v_view(v),
-                                                       detail::out_view(out), nullptr, opts);
+                                                       detail::out_view(out),
+                                                       static_cast<const view<float, 3>*>(nullptr), opts);
 }
 
 template <class Q, class K, class V, class O, class L,

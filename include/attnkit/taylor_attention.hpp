@@ -107,11 +107,9 @@ void quadratic_forward(const view<const T, 4>& q, const view<const T, 4>& k, con
     attention_forward<A>(p, quadratic_rows{opts.eps}, fo, opts.pool);
 }
 
-template <class A, class TQ, class TK, class TV>
-void attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
-                    const view<float, 4>& out, const taylor_options& opts) {
-    static_assert(std::is_same<TQ, float>::value && std::is_same<TK, float>::value && std::is_same<TV, float>::value,
-                  "attnkit::taylor_attention: q, k and v must be float tensors (out float)");
+template <class A>
+void attention_run(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
+                   const view<float, 4>& out, const taylor_options& opts) {
     const attention_shape s = check_call(q, k, v, out, opts);
     // Mask bounds are compared to key indices in float lanes, exact below 2^24 (as softmax).
     if (s.len_k >= (index_t(1) << 24))
@@ -125,6 +123,16 @@ void attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, cons
         linear_forward<A>(q, k, v, out, opts);
     else
         quadratic_forward<A>(q, k, v, out, s, opts);
+}
+
+// A wrong element type stops at the static_assert alone: the kernel is not instantiated for it.
+template <class A, class TQ, class TK, class TV, class TO>
+void attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
+                    const view<TO, 4>& out, const taylor_options& opts) {
+    constexpr bool kFloat = std::is_same<TQ, float>::value && std::is_same<TK, float>::value &&
+                            std::is_same<TV, float>::value && std::is_same<TO, float>::value;
+    static_assert(kFloat, "attnkit::taylor_attention: q, k and v must be float tensors (out float)");
+    if constexpr (kFloat) attention_run<A>(q, k, v, out, opts);
 }
 
 }  // namespace taylor

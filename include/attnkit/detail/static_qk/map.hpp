@@ -37,13 +37,16 @@ class static_attention_map {
         namespace sq = detail::static_qk;
         const auto qf = sq::q_fixed_view(q_fixed);
         const auto kf = sq::k_fixed_view(k_fixed);
-        static_assert(std::is_same<typename decltype(qf)::value_type, float>::value &&
-                          std::is_same<typename decltype(kf)::value_type, float>::value,
-                      "attnkit::static_attention_map: float q_fixed and k_fixed");
-        const sq::stream_shape s = sq::check_stream(qf, kf);
-        sq::check_options(opts);
-        init(s.max_len, s.heads, s.heads_k);
-        sq::build_map<simd::default_arch>(qf, kf, s, detail::resolve_scale(opts.scale, s.dim), p_.data(), opts.pool);
+        constexpr bool kFloat = std::is_same<typename decltype(qf)::value_type, float>::value &&
+                                std::is_same<typename decltype(kf)::value_type, float>::value;
+        static_assert(kFloat, "attnkit::static_attention_map: float q_fixed and k_fixed");
+        if constexpr (kFloat) {  // a wrong type stops at the static_assert alone
+            const sq::stream_shape s = sq::check_stream(qf, kf);
+            sq::check_options(opts);
+            init(s.max_len, s.heads, s.heads_k);
+            sq::build_map<simd::default_arch>(qf, kf, s, detail::resolve_scale(opts.scale, s.dim), p_.data(),
+                                              opts.pool);
+        }
     }
 
     // A given mixing matrix w [H, Lmax, Lmax] (float or double), lower triangle as it is.
@@ -72,13 +75,15 @@ class static_attention_map {
         namespace sq = detail::static_qk;
         const auto vv = sq::v_view(v);
         const auto ov = detail::output_view<4>("out", std::forward<O>(out), "[B, T, H, Dv]");
-        static_assert(std::is_same<typename decltype(vv)::value_type, float>::value &&
-                          std::is_same<typename decltype(ov)::value_type, float>::value,
-                      "attnkit::static_attention_map::apply: float v and out");
-        const sq::values_shape s = sq::check_values(vv, ov, lmax_, heads_, heads_kv_, true, "map");
-        // out shares no memory with v: an output row reads every value row up to its own.
-        detail::check_outputs_apart({detail::region_of("out", ov)}, {detail::region_of("v", vv)});
-        sq::apply_map<simd::default_arch>(p_.data(), lmax_, s, vv, ov, pool);
+        constexpr bool kFloat = std::is_same<typename decltype(vv)::value_type, float>::value &&
+                                std::is_same<typename decltype(ov)::value_type, float>::value;
+        static_assert(kFloat, "attnkit::static_attention_map::apply: float v and out");
+        if constexpr (kFloat) {  // a wrong type stops at the static_assert alone
+            const sq::values_shape s = sq::check_values(vv, ov, lmax_, heads_, heads_kv_, true, "map");
+            // out shares no memory with v: an output row reads every value row up to its own.
+            detail::check_outputs_apart({detail::region_of("out", ov)}, {detail::region_of("v", vv)});
+            sq::apply_map<simd::default_arch>(p_.data(), lmax_, s, vv, ov, pool);
+        }
     }
 
     index_t max_length() const { return lmax_; }
