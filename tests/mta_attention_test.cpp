@@ -9,7 +9,8 @@
 //   identity.*     identity kernels and W = I equal causal softmax_attention (G, c_q, c_k swept)
 //   stage.*        each stage alone and all together, over lengths 1, 2, c_q - 1, c_q, 63, 64,
 //                  65, 194 (3 blocks + 2); with convolutions (128 x 120 blocks) 119 .. 129, 386
-//   kernel_sizes   G in {1, 2} x c_q in {1, 3, 6} x c_k in {1, 5, 11}, every stage on
+//   kernel_sizes   G in {1, 2} x c_q in {1, 3, 6} x c_k in {1, 5, 11, 13}, every stage on (13: the
+//                  generic tap loop; odd c_k <= 11 have compile-time register-blocked forms)
 //   heads          H in {1, 4, 16}; GQA with head mixing within and across value heads
 //   decode.*       mta_state in uneven steps equals the rows of one call
 //   threads        1, 2, 3 threads and no pool give the same bits
@@ -249,7 +250,7 @@ TEST(kernel_sizes, every_group_and_tap_count) {
     int n = 0;
     for (index_t G : {1, 2})
         for (index_t cq : {1, 3, 6})
-            for (index_t ck : {1, 5, 11})
+            for (index_t ck : {1, 5, 11, 13})
                 for (index_t L : {cq, index_t(65)}) {
                     config c;
                     c.G = G, c.cq = cq, c.ck = ck, c.L = L, c.dist = kAllDistributions[n % 3], c.seed = 200 + n++;
