@@ -5,18 +5,7 @@
 // write.
 #include <gtest/gtest.h>
 
-// GCC 12 + AVX-512 (the *_avx512 multiarch build): Eigen's GEMM kernels, instantiated by
-// detail/gemm.hpp, trip GCC bug 105593 (false -Wmaybe-uninitialized inside avx512fintrin.h).
-// Their definitions come with this first include of Eigen, so the pragma covers them here.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <attnkit/attnkit.hpp>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #include <cmath>
 #include <cstring>

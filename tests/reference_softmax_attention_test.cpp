@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/compare.hpp"
+#include "common/mask_probe.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
 
@@ -45,32 +46,22 @@ result run(const Q& q, const K& k, const V& v, const softmax_options& o) {
 
 // ---- masks, with q = 0 -------------------------------------------------------------------
 
-// B batches, one head, D = Dv = 1; q = 0, k = 1, v_j = j.
+// B batches, one head, D = Dv = 1; q = 0, k = 1, v_j = j (common/mask_probe.hpp).
 result run_uniform(index_t B, index_t Lq, index_t Lk, const softmax_options& o) {
-    const tensor4<double> q = make_bshd<double>(B, Lq, 1, 1, 0.0);
-    const tensor4<double> k = make_bshd<double>(B, Lk, 1, 1, 1.0);
-    tensor4<double> v = make_bshd<double>(B, Lk, 1, 1);
-    for (index_t b = 0; b < B; ++b)
-        for (index_t j = 0; j < Lk; ++j) v(b, j, 0, 0) = static_cast<double>(j);
-    return run(q, k, v, o);
+    const mask_probe p = mask_probe_inputs(B, Lq, Lk);
+    return run(p.q, p.k, p.v, o);
 }
 
 // Row i of batch b sees exactly `keys`.
 void expect_row_sees(const result& r, index_t b, index_t i, const std::vector<index_t>& keys) {
     SCOPED_TRACE(::testing::Message() << "batch " << b << ", query row " << i);
-    const index_t Lk = r.w.dimension(3);
-    const double n = static_cast<double>(keys.size());
-    for (index_t j = 0; j < Lk; ++j) {
-        const bool vis = std::find(keys.begin(), keys.end(), j) != keys.end();
-        EXPECT_NEAR(vis ? 1.0 / n : 0.0, r.w(b, 0, i, j), kTight) << "key " << j;
-    }
+    expect_uniform_weights(r.w, b, i, keys, kTight);
     if (keys.empty()) {
         EXPECT_EQ(0.0, r.out(b, i, 0, 0));  // zeros, not the sentinel, never NaN
         EXPECT_EQ(-kInf, r.lse(b, i, 0));
     } else {
-        const double mean = std::accumulate(keys.begin(), keys.end(), 0.0) / n;
-        EXPECT_NEAR(mean, r.out(b, i, 0, 0), kTight);
-        EXPECT_NEAR(std::log(n), r.lse(b, i, 0), kTight);
+        EXPECT_NEAR(mean_of(keys), r.out(b, i, 0, 0), kTight);
+        EXPECT_NEAR(std::log(static_cast<double>(keys.size())), r.lse(b, i, 0), kTight);
     }
 }
 

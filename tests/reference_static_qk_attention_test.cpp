@@ -11,6 +11,7 @@
 
 #include "attnkit/reference/softmax_attention.hpp"
 #include "common/compare.hpp"
+#include "common/errors.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
 
@@ -162,16 +163,6 @@ TEST(reference_static_qk_attention, extreme_logits_are_finite) {
 }
 
 // ---- bad input: std::invalid_argument naming the argument, nothing written ------------------
-
-template <class F>
-void expect_invalid(F&& f, const std::string& needle) {
-    try {
-        f();
-        ADD_FAILURE() << "no exception; expected one mentioning \"" << needle << "\"";
-    } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-}
 
 TEST(reference_static_qk_attention, bad_input_throws_before_writing) {
     const index_t B = 2, Lmax = 5, H = 4, Hk = 2, D = 3;

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "common/compare.hpp"
+#include "common/errors.hpp"
+#include "common/mask_probe.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
 
@@ -46,32 +48,22 @@ result run(const Q& q, const K& k, const V& v, const taylor_options& o) {
     return r;
 }
 
-// B batches, one head, D = Dv = 1; q = 0, k = 1, v_j = j; eps = 0.
+// B batches, one head, D = Dv = 1; q = 0, k = 1, v_j = j (common/mask_probe.hpp); eps = 0.
 result run_uniform(index_t B, index_t Lq, index_t Lk, taylor_options o) {
     o.eps = 0.0f;
-    const tensor4<double> q = make_bshd<double>(B, Lq, 1, 1, 0.0);
-    const tensor4<double> k = make_bshd<double>(B, Lk, 1, 1, 1.0);
-    tensor4<double> v = make_bshd<double>(B, Lk, 1, 1);
-    for (index_t b = 0; b < B; ++b)
-        for (index_t j = 0; j < Lk; ++j) v(b, j, 0, 0) = static_cast<double>(j);
-    return run(q, k, v, o);
+    const mask_probe p = mask_probe_inputs(B, Lq, Lk);
+    return run(p.q, p.k, p.v, o);
 }
 
 void expect_row_sees(const result& r, index_t b, index_t i, const std::vector<index_t>& keys) {
     SCOPED_TRACE(::testing::Message() << "batch " << b << ", query row " << i);
-    const index_t Lk = r.w.dimension(3);
-    const double n = static_cast<double>(keys.size());
-    for (index_t j = 0; j < Lk; ++j) {
-        const bool vis = std::find(keys.begin(), keys.end(), j) != keys.end();
-        EXPECT_NEAR(vis ? 1.0 / n : 0.0, r.w(b, 0, i, j), kTight) << "key " << j;
-    }
-    const double mean = keys.empty() ? 0.0 : std::accumulate(keys.begin(), keys.end(), 0.0) / n;
+    expect_uniform_weights(r.w, b, i, keys, kTight);
     if (keys.empty()) {
         EXPECT_EQ(0.0, r.out(b, i, 0, 0));  // zeros, not the sentinel, never NaN (even with eps = 0)
         EXPECT_EQ(0.0, r.out_linear(b, i, 0, 0));
     } else {
-        EXPECT_NEAR(mean, r.out(b, i, 0, 0), kTight);
-        EXPECT_NEAR(mean, r.out_linear(b, i, 0, 0), kTight);
+        EXPECT_NEAR(mean_of(keys), r.out(b, i, 0, 0), kTight);
+        EXPECT_NEAR(mean_of(keys), r.out_linear(b, i, 0, 0), kTight);
     }
 }
 
@@ -254,12 +246,7 @@ TEST(reference_taylor_attention, linear_form_equals_quadratic_form) {
 
 void expect_rejected(const std::function<void(tensor4<double>&)>& call, const std::string& needle) {
     tensor4<double> out = make_bshd<double>(1, 3, 2, 2, kSentinel);
-    try {
-        call(out);
-        ADD_FAILURE() << "no exception, expected one naming " << needle;
-    } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    expect_invalid([&] { call(out); }, needle);
     EXPECT_TRUE(all_equal_to(out, kSentinel));
 }
 

@@ -17,6 +17,7 @@
 #include "attnkit/reference/static_qk_attention.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "common/compare.hpp"
+#include "common/errors.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
 
@@ -87,16 +88,6 @@ std::vector<shape> sweep() {
     v.push_back({2, 200, 197, 2, 2, 64, 64});  // several key blocks, Lmax not a tile multiple
     v.push_back({8, 97, 97, 8, 4, 2 * W, 2 * W - 1});
     return v;
-}
-
-template <class F>
-void expect_invalid(F&& f, const std::string& needle) {
-    try {
-        f();
-        ADD_FAILURE() << "no exception; expected one mentioning \"" << needle << "\"";
-    } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
