@@ -8,7 +8,10 @@
 // sequence is a seeded token stream with repeats (a period-17 motif inside noise), so that
 // local and copying patterns have something to find. Weights are untrained (N(0, 0.02)): the
 // numbers describe the initialised maps, the baseline a trained model is compared with.
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -18,15 +21,67 @@
 #include "attnkit/diagnostics.hpp"
 #include "attnkit/model/decoder.hpp"
 
-int main(int argc, char** argv) {
-    using namespace attnkit::model;
-    long long L = 128;
+namespace {
+
+const char* const kUsage = "usage: attnkit_diagnostics_report [--length L] [--output FILE.md]   (L an integer >= 1, default 128)";
+
+constexpr double kMaxMapBytes = 4.0 * (1 << 30);
+
+struct arguments {
+    long long length = 128;
     std::string output;
-    for (int i = 1; i + 1 < argc; i += 2) {
+};
+
+[[noreturn]] void usage_error(const std::string& what) {
+    std::cerr << "attnkit_diagnostics_report: " << what << "\n" << kUsage << "\n";
+    std::exit(2);
+}
+
+// The whole of `text` as an integer >= 1, or a usage error naming the option.
+long long positive_integer(const char* option, const std::string& text) {
+    errno = 0;
+    char* end = nullptr;
+    const long long x = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || x < 1)
+        usage_error(std::string(option) + ": expected an integer >= 1, got '" + text + "'");
+    return x;
+}
+
+arguments parse(int argc, char** argv) {
+    arguments r;
+    for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--length") L = std::stoll(argv[i + 1]);
-        else if (a == "--output") output = argv[i + 1];
+        if (a == "--help" || a == "-h") {
+            std::cout << kUsage << "\n";
+            std::exit(0);
+        }
+        if (a != "--length" && a != "--output") usage_error("unknown argument '" + a + "'");
+        if (i + 1 >= argc) usage_error(a + ": missing value");
+        const std::string value = argv[++i];
+        if (a == "--length") r.length = positive_integer("--length", value);
+        else if (value.empty()) usage_error("--output: expected a file name, got ''");
+        else r.output = value;
     }
+    // Every layer's [H, L, L] map of doubles is kept at once: bound that before allocating it.
+    const attnkit::model::decoder_config cfg;
+    const double map_bytes = 8.0 * static_cast<double>(cfg.layers * cfg.heads) * static_cast<double>(r.length) *
+                             static_cast<double>(r.length);
+    if (map_bytes > kMaxMapBytes) {
+        char what[256];
+        std::snprintf(what, sizeof what,
+                      "--length: L = %lld needs %.3g GiB of attention maps (%lld layers x %lld heads x L x L doubles), "
+                      "above the %.3g GiB this report allows",
+                      r.length, map_bytes / (1 << 30), static_cast<long long>(cfg.layers),
+                      static_cast<long long>(cfg.heads), kMaxMapBytes / (1 << 30));
+        usage_error(what);
+    }
+    return r;
+}
+
+int run(const arguments& args) {
+    using namespace attnkit::model;
+    const long long L = args.length;
+    const std::string& output = args.output;
     std::ostringstream md;
     md << "## Attention diagnostics (seeded 70M decoder, L = " << L << ", per layer, mean over heads)\n\n";
     md << "| variant | layer | entropy | concentration | head diversity | sink | local 0 | local 1 | local 2 | local 3 |\n";
@@ -55,6 +110,27 @@ int main(int argc, char** argv) {
         }
     }
     std::cout << md.str();
-    if (!output.empty()) std::ofstream(output) << md.str();
+    if (!output.empty()) {
+        std::ofstream f(output);
+        f << md.str();
+        if (!f.flush()) {
+            std::cerr << "attnkit_diagnostics_report: cannot write " << output << "\n";
+            return 1;
+        }
+    }
     return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const arguments args = parse(argc, argv);
+    // The model rejects what it cannot build (a length above its limits, ...) with an exception;
+    // report it instead of terminating.
+    try {
+        return run(args);
+    } catch (const std::exception& e) {
+        std::cerr << "attnkit_diagnostics_report: error (--length " << args.length << "): " << e.what() << "\n";
+        return 1;
+    }
 }
