@@ -124,10 +124,7 @@ class self_gating_state {
         const auto kv = detail::k_view(k);
         const auto vv = detail::v_view(v);
         const auto ov = detail::out_view(out);
-        constexpr bool kFloat = std::is_same<typename decltype(qv)::value_type, float>::value &&
-                                std::is_same<typename decltype(kv)::value_type, float>::value &&
-                                std::is_same<typename decltype(vv)::value_type, float>::value &&
-                                std::is_same<typename decltype(ov)::value_type, float>::value;
+        constexpr bool kFloat = detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>;
         static_assert(kFloat, "attnkit::self_gating_state: float storage (q, k, v and out float tensors)");
         if constexpr (kFloat) {  // nothing else instantiated for a wrong type: one error
             const detail::attention_shape s =

@@ -8,7 +8,9 @@
 // validated before anything is written.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "attnkit/detail/attention_driver.hpp"
 #include "attnkit/detail/check.hpp"
@@ -77,6 +79,39 @@ void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse, con
                                                        detail::out_view(out), &lse_v, opts);
 }
 
+namespace detail {
+
+// merge_partials on float views (below).
+inline void merge_partials_run(const view<const float, 4>& oa, const view<const float, 3>& la,
+                               const view<const float, 4>& ob, const view<const float, 3>& lb, const view<float, 4>& o,
+                               const view<float, 3>& l) {
+    attention_shape s{oa.dims[0], oa.dims[1], 0, oa.dims[2], oa.dims[2], 1, oa.dims[3]};
+    check_out("out_a", oa, s);
+    check_out("out_b", ob, s);
+    check_out("out", o, s);
+    check_lse("lse_a", la, s);
+    check_lse("lse_b", lb, s);
+    check_lse("lse", l, s);
+    constexpr unsigned kOut = 1, kLse = 2;  // row by row: each row is read before it is written
+    check_outputs_apart({in_place(region_of("out", o), kOut), in_place(region_of("lse", l), kLse)},
+                        {in_place(region_of("out_a", oa), kOut), in_place(region_of("out_b", ob), kOut),
+                         in_place(region_of("lse_a", la), kLse), in_place(region_of("lse_b", lb), kLse)});
+    std::vector<float> row(static_cast<std::size_t>(s.dim_v));
+    for (index_t b = 0; b < s.batch; ++b)
+        for (index_t i = 0; i < s.len_q; ++i)
+            for (index_t h = 0; h < s.heads; ++h) {
+                const float* pa = oa.ptr(b, i, h);
+                std::copy(pa, pa + s.dim_v, row.begin());
+                float lse_v = la(b, i, h);
+                merge_row(row.data(), lse_v, ob.ptr(b, i, h), lb(b, i, h), s.dim_v);
+                if (lse_v == kNegInf) std::fill(row.begin(), row.end(), 0.0f);  // nothing visible
+                std::copy(row.begin(), row.end(), o.ptr(b, i, h));
+                l(b, i, h) = lse_v;
+            }
+}
+
+}  // namespace detail
+
 // Exact merge of two attention results over disjoint key sets (split-KV decode, ring attention):
 // lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b, with
 // weights that sum to 1 at any lse (detail/lse_merge.hpp). All float; lse views take any strides.
@@ -90,40 +125,10 @@ void merge_partials(const OA& out_a, const LA& lse_a, const OB& out_b, const LB&
     const auto lb = detail::input_view<3>("lse_b", lse_b, "[B, Lq, H]");
     const auto o = detail::out_view(out);
     const auto l = detail::lse_view(lse);
-    static_assert(std::is_same<typename decltype(o)::value_type, float>::value &&
-                      std::is_same<typename decltype(l)::value_type, float>::value &&
-                      std::is_same<typename decltype(oa)::value_type, float>::value &&
-                      std::is_same<typename decltype(ob)::value_type, float>::value &&
-                      std::is_same<typename decltype(la)::value_type, float>::value &&
-                      std::is_same<typename decltype(lb)::value_type, float>::value,
-                  "attnkit::merge_partials: every argument must be a float tensor");
-    detail::attention_shape s{oa.dims[0], oa.dims[1], 0, oa.dims[2], oa.dims[2], 1, oa.dims[3]};
-    detail::check_out("out_a", oa, s);
-    detail::check_out("out_b", ob, s);
-    detail::check_out("out", o, s);
-    detail::check_lse("lse_a", la, s);
-    detail::check_lse("lse_b", lb, s);
-    detail::check_lse("lse", l, s);
-    {
-        using detail::in_place;
-        using detail::region_of;
-        constexpr unsigned kOut = 1, kLse = 2;  // row by row: each row is read before it is written
-        detail::check_outputs_apart({in_place(region_of("out", o), kOut), in_place(region_of("lse", l), kLse)},
-                                    {in_place(region_of("out_a", oa), kOut), in_place(region_of("out_b", ob), kOut),
-                                     in_place(region_of("lse_a", la), kLse), in_place(region_of("lse_b", lb), kLse)});
-    }
-    std::vector<float> row(static_cast<std::size_t>(s.dim_v));
-    for (index_t b = 0; b < s.batch; ++b)
-        for (index_t i = 0; i < s.len_q; ++i)
-            for (index_t h = 0; h < s.heads; ++h) {
-                const float* pa = oa.ptr(b, i, h);
-                std::copy(pa, pa + s.dim_v, row.begin());
-                float lse_v = la(b, i, h);
-                detail::merge_row(row.data(), lse_v, ob.ptr(b, i, h), lb(b, i, h), s.dim_v);
-                if (lse_v == detail::kNegInf) std::fill(row.begin(), row.end(), 0.0f);  // nothing visible
-                std::copy(row.begin(), row.end(), o.ptr(b, i, h));
-                l(b, i, h) = lse_v;
-            }
+    constexpr bool kFloat =
+        detail::kFloatViews<decltype(oa), decltype(la), decltype(ob), decltype(lb), decltype(o), decltype(l)>;
+    static_assert(kFloat, "attnkit::merge_partials: every argument must be a float tensor");
+    if constexpr (kFloat) detail::merge_partials_run(oa, la, ob, lb, o, l);  // else: that error alone
 }
 
 }  // namespace attnkit

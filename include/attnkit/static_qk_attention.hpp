@@ -91,10 +91,7 @@ void static_qk_attention(const QF& q_fixed, const KF& k_fixed, const V& v, O&& o
     const auto kv = sq::k_fixed_view(k_fixed);
     const auto vv = sq::v_view(v);
     const auto ov = sq::out_view(std::forward<O>(out));
-    constexpr bool kFloat = std::is_same<typename decltype(qv)::value_type, float>::value &&
-                            std::is_same<typename decltype(kv)::value_type, float>::value &&
-                            std::is_same<typename decltype(vv)::value_type, float>::value &&
-                            std::is_same<typename decltype(ov)::value_type, float>::value;
+    constexpr bool kFloat = detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>;
     static_assert(kFloat, "attnkit::static_qk_attention: float storage");
     if constexpr (kFloat) sq::forward<simd::default_arch>(qv, kv, vv, ov, opts);  // else: that error alone
 }

@@ -24,8 +24,11 @@ int main() {
     q.setZero(), k.setZero(), v.setZero(), qd.setZero(), vd.setZero();
     t2 x(3, 4), wg(4, 8), wu(4, 8), wd(8, 4), xo(3, 4);
     d2 xd(3, 4);
+    Eigen::Tensor<float, 3, Eigen::RowMajor> l3(1, 3, 2);
+    Eigen::Tensor<double, 3, Eigen::RowMajor> l3d(1, 3, 2);
+    l3.setZero(), l3d.setZero();
     x.setZero(), wg.setZero(), wu.setZero(), wd.setZero(), xd.setZero();
-    (void)qd, (void)vd, (void)outd, (void)xd;
+    (void)qd, (void)vd, (void)outd, (void)xd, (void)l3d;
 
 #if ATTNKIT_CASE == 0  // the correct spellings of everything the cases below get wrong
     attnkit::softmax_attention(q, k, v, out);
@@ -42,6 +45,7 @@ int main() {
     attnkit::static_attention_map map(q, k);
     map.apply(v, out);
     attnkit::gated_mlp(x, wg, wu, wd, xo);
+    attnkit::merge_partials(out, l3, out, l3, out, l3);
 #elif ATTNKIT_CASE == 1  // softmax: float q and k, double v
     attnkit::softmax_attention(q, k, vd, out);
 #elif ATTNKIT_CASE == 2  // softmax: double out
@@ -70,6 +74,8 @@ int main() {
     map.apply(vd, out);
 #elif ATTNKIT_CASE == 12  // gated MLP: double x
     attnkit::gated_mlp(xd, wg, wu, wd, xo);
+#elif ATTNKIT_CASE == 13  // merge_partials: double lse_a
+    attnkit::merge_partials(out, l3d, out, l3, out, l3);
 #endif
     return 0;
 }

@@ -231,6 +231,12 @@ inline void check_state_key_lengths(const char* state, const std::vector<std::in
              "each new query sees all of them), got " + number(key_lengths.size()) + " lengths");
 }
 
+// True when every view holds float elements. The float-only entry points static_assert it and
+// call their kernel under `if constexpr` on it, so that a wrong element type gives that one
+// message and no errors from inside the kernel after it.
+template <class... Views>
+constexpr bool kFloatViews = (std::is_same<typename std::decay_t<Views>::value_type, float>::value && ...);
+
 // The optional lse argument of an entry point is anything that is not its options struct, so
 // that a wrong lse type (an Eigen expression, a weights tensor) reaches lse_view's static_assert
 // instead of silently disabling the overload.

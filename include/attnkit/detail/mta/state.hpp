@@ -63,10 +63,7 @@ class mta_state {
         const auto kv = detail::k_view(k);
         const auto vv = detail::v_view(v);
         const auto ov = detail::out_view(std::forward<O>(out));
-        static_assert(std::is_same<typename decltype(qv)::value_type, float>::value &&
-                          std::is_same<typename decltype(kv)::value_type, float>::value &&
-                          std::is_same<typename decltype(vv)::value_type, float>::value &&
-                          std::is_same<typename decltype(ov)::value_type, float>::value,
+        static_assert(detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>,
                       "attnkit::mta_state::step: float storage, as mta_attention");
         const detail::attention_shape a = detail::check_qkv(qv, kv, vv);
         detail::check_out("out", ov, a);

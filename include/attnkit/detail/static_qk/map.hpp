@@ -37,8 +37,7 @@ class static_attention_map {
         namespace sq = detail::static_qk;
         const auto qf = sq::q_fixed_view(q_fixed);
         const auto kf = sq::k_fixed_view(k_fixed);
-        constexpr bool kFloat = std::is_same<typename decltype(qf)::value_type, float>::value &&
-                                std::is_same<typename decltype(kf)::value_type, float>::value;
+        constexpr bool kFloat = detail::kFloatViews<decltype(qf), decltype(kf)>;
         static_assert(kFloat, "attnkit::static_attention_map: float q_fixed and k_fixed");
         if constexpr (kFloat) {  // a wrong type stops at the static_assert alone
             const sq::stream_shape s = sq::check_stream(qf, kf);
@@ -75,8 +74,7 @@ class static_attention_map {
         namespace sq = detail::static_qk;
         const auto vv = sq::v_view(v);
         const auto ov = detail::output_view<4>("out", std::forward<O>(out), "[B, T, H, Dv]");
-        constexpr bool kFloat = std::is_same<typename decltype(vv)::value_type, float>::value &&
-                                std::is_same<typename decltype(ov)::value_type, float>::value;
+        constexpr bool kFloat = detail::kFloatViews<decltype(vv), decltype(ov)>;
         static_assert(kFloat, "attnkit::static_attention_map::apply: float v and out");
         if constexpr (kFloat) {  // a wrong type stops at the static_assert alone
             const sq::values_shape s = sq::check_values(vv, ov, lmax_, heads_, heads_kv_, true, "map");

@@ -66,10 +66,7 @@ class taylor_state {
         const auto kv = detail::k_view(k);
         const auto vv = detail::v_view(v);
         const auto ov = detail::out_view(out);
-        constexpr bool kFloat = std::is_same<typename decltype(qv)::value_type, float>::value &&
-                                std::is_same<typename decltype(kv)::value_type, float>::value &&
-                                std::is_same<typename decltype(vv)::value_type, float>::value &&
-                                std::is_same<typename decltype(ov)::value_type, float>::value;
+        constexpr bool kFloat = detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>;
         static_assert(kFloat, "attnkit::taylor_state::step: float tensors");
         if constexpr (kFloat) run(qv, kv, vv, ov);  // a wrong type stops at the static_assert alone
     }
