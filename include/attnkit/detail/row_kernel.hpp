@@ -2,14 +2,18 @@
 // head dim is in lanes, each score is one dot product, and the online softmax runs over the
 // keys of a block. Its cost is streaming K and V once, which is what decode is bound by, so
 // everything here serves that stream (measured on Zen 2, issue 6):
-//  - K and V are read front to back, a few keys at a time and within them head by head: in
-//    BSHD the keys of a step are consecutive rows of one contiguous run, every cache line is
-//    read once per call, and the hardware prefetchers see plain sequential streams (software
-//    prefetch on top of them measured slower: it competes for the same miss buffers);
-//  - four keys per step in both walks: four independent FMA chains per score step, one load of
-//    q per four FMAs, and one load and store of each output vector per four keys (the value
-//    walk is store-bound otherwise); four rows 4 KiB apart stay within L1's associativity,
-//    where eight (one per lane) measured slower;
+//  - K and V are read as kRowScoreKeys (kRowValueKeys) sequential streams per block: the keys
+//    of a step are nk / 8 apart, and within a step the heads run in memory order, so each
+//    stream walks its own run of rows front to back and every cache line is read once per call.
+//    With 4 KiB pages (no huge pages here) the hardware prefetchers stop at every page edge, so
+//    what a single core streams is set by how many pages it reads at once: consecutive keys
+//    (4 per step, the first version) kept 4 f32 pages (2 bf16 pages, each read out of order)
+//    in flight, 8.6 ms / 7.5 ms (bf16) at Lk = 16384, D = 128, H = 8, 1 thread; 8 streams
+//    kept 8 in flight, 6.8 ms / 4.2 ms (f32 20 GB/s, 16-bit 16-18 GB/s). Software prefetch on top
+//    measured no faster (it competes for the same miss buffers);
+//  - eight keys per step in both walks: eight independent FMA chains per score step, one load
+//    of q per eight FMAs, and one load and store of each output vector per eight keys (the
+//    value walk is store-bound otherwise);
 //  - no horizontal sum per key: a step's dot products leave as vectors and are reduced together
 //    by one transposing reduction (simd::hsum_each);
 //  - K and V stored as bfloat16 or half are converted in the loads (simd/convert.hpp): half the
@@ -29,11 +33,11 @@ namespace detail {
 // Keys per block: the block's scores ([rows][keys]) stay in L1, and the per-block bookkeeping
 // of the online softmax (max, rescale of the output rows) is paid once per 64 keys.
 constexpr index_t kRowKernelBlockKeys = 64;
-// Keys per step of both walks: the score walk reduces this many dot products together, the
-// value walk loads and stores each output vector once per this many keys (store bandwidth
-// bounds it otherwise). Four rows 4 KiB apart stay within the associativity of L1.
-constexpr index_t kRowValueKeys = 4;
-constexpr index_t kRowScoreKeys = 4;
+// Keys per step of both walks, nk / 8 apart (one per stream): the score walk reduces this many
+// dot products together, the value walk loads and stores each output vector once per this many
+// keys (store bandwidth bounds it otherwise).
+constexpr index_t kRowValueKeys = 8;
+constexpr index_t kRowScoreKeys = 8;
 
 // bfloat16 K/V are read two vectors at a time in the pair order of simd::load_bf16_pairs (even
 // elements, then odd ones, per 2W), one shift and one mask per 2W elements; the float operands
@@ -51,10 +55,11 @@ inline index_t pair_pos(index_t c, index_t n) {
     return c - i + (i % 2) * (W2 / 2) + i / 2;
 }
 
-// out[u] = <q, k_u> for kRowScoreKeys keys at once: independent accumulators hide FMA latency
-// and one q load feeds them all.
+// out[u * out_stride] = <q, k_u> (k_u = k + u * k_stride) for kRowScoreKeys keys at once:
+// independent accumulators hide FMA latency and one q load feeds them all.
 template <class A, class T>
-ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const T* k, index_t k_stride, index_t dim, float* out) {
+ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const T* k, index_t k_stride, index_t dim, float* out,
+                                      index_t out_stride) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     constexpr index_t KG = kRowScoreKeys;
@@ -62,19 +67,15 @@ ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const T* k, index_t k_stri
     for (index_t u = 0; u < KG; ++u) acc[u] = V(0.0f);
     index_t d = 0;
     if constexpr (kPairOrder<A, T>) {
-        V acc2[KG];
-        for (index_t u = 0; u < KG; ++u) acc2[u] = V(0.0f);
         for (; d + 2 * W <= dim; d += 2 * W) {
             const V qe = simd::loadu<A>(q + d), qo = simd::loadu<A>(q + d + W);
 #pragma GCC unroll 16
             for (index_t u = 0; u < KG; ++u) {
                 V e, o;
                 simd::load_bf16_pairs<A>(k + u * k_stride + d, e, o);
-                acc[u] = simd::fma(qe, e, acc[u]);
-                acc2[u] = simd::fma(qo, o, acc2[u]);
+                acc[u] = simd::fma(qo, o, simd::fma(qe, e, acc[u]));
             }
         }
-        for (index_t u = 0; u < KG; ++u) acc[u] += acc2[u];
     }
     for (; d + W <= dim; d += W) {
         const V qv = simd::loadu<A>(q + d);
@@ -86,15 +87,14 @@ ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const T* k, index_t k_stri
         for (index_t u = 0; u < KG; ++u)
             acc[u] = simd::fma(qv, simd::load_float_partial<A>(k + u * k_stride + d, dim - d), acc[u]);
     }
-    if constexpr (W >= KG) {
-        // One transposing reduction for the KG sums (zero vectors fill the other lanes).
+    // Transposing reductions, W sums at a time (zero vectors fill the lanes past KG).
+    constexpr index_t NG = (KG + W - 1) / W;
+    for (index_t g = 0; g < NG; ++g) {
         V all[W];
-        for (index_t u = 0; u < W; ++u) all[u] = u < KG ? acc[u] : V(0.0f);
+        for (index_t u = 0; u < W; ++u) all[u] = g * W + u < KG ? acc[g * W + u] : V(0.0f);
         alignas(64) float sums[W];
         simd::storeu(sums, simd::hsum_each(all));
-        for (index_t u = 0; u < KG; ++u) out[u] = sums[u];
-    } else {
-        for (index_t u = 0; u < KG; ++u) out[u] = simd::hsum(acc[u]);
+        for (index_t u = 0; u < W && g * W + u < KG; ++u) out[(g * W + u) * out_stride] = sums[u];
     }
 }
 
@@ -117,14 +117,15 @@ ATTNKIT_ALWAYS_INLINE float score_key(const float* q, const T* k, index_t dim) {
     return simd::hsum(a);
 }
 
-// o += sum_u p[u] v_u over kRowValueKeys value rows v + u * v_stride.
+// o += sum_u p[u * p_stride] v_u over kRowValueKeys value rows v + u * v_stride.
 template <class A, class T>
-ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, const T* v, index_t v_stride, index_t dim_v) {
+ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, index_t p_stride, const T* v, index_t v_stride,
+                                           index_t dim_v) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     constexpr index_t KU = kRowValueKeys;
     V pv[KU];
-    for (index_t u = 0; u < KU; ++u) pv[u] = V(p[u]);
+    for (index_t u = 0; u < KU; ++u) pv[u] = V(p[u * p_stride]);
     index_t c = 0;
     if constexpr (kPairOrder<A, T>) {
         for (; c + 2 * W <= dim_v; c += 2 * W) {
@@ -148,7 +149,7 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, const T* v,
     }
     for (; c < dim_v; ++c) {
         float a = o[c];
-        for (index_t u = 0; u < KU; ++u) a += p[u] * simd::to_float(v[u * v_stride + c]);
+        for (index_t u = 0; u < KU; ++u) a += p[u * p_stride] * simd::to_float(v[u * v_stride + c]);
         o[c] = a;
     }
 }
@@ -177,10 +178,10 @@ ATTNKIT_ALWAYS_INLINE void axpy(float* o, float p, const T* v, index_t dim_v) {
 // buf is reused scratch (any contents; resized and cleared here). Problem is an attention
 // problem whose q, k, v rows may be float, Eigen::bfloat16 or Eigen::half.
 //
-// A block of keys is walked twice in the same order, a few keys (KG or KU) at a time and,
-// within them, head by head: first K for the scores, then, after the block's softmax, V for
-// the output. In BSHD the keys of a step are consecutive rows of one contiguous run, so both
-// walks read memory front to back, every line of K and V once.
+// A block of nk keys is walked twice in the same order: first K for the scores, then, after the
+// block's softmax, V for the output. Step t takes the keys t + u * (nk / KG), u < KG (KU for V),
+// and within them runs head by head, so each of the KG streams reads its rows front to back;
+// the last nk % KG keys follow one at a time. Every line of K and V is read once.
 template <class A, class Problem, class Emit>
 void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1, std::vector<float>& buf,
                 Emit&& emit) {
@@ -224,21 +225,22 @@ void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1,
         const index_t nk = std::min(BK, max_hi - j0);
         auto active = [&](index_t r) { return j0 < hi[r] && j0 + nk > lo[r]; };
 
-        // Scores, KG keys at a time, head by head; K rows shared by a head's rows.
-        for (index_t j = 0; j < nk; j += KG) {
-            const index_t nj = std::min(KG, nk - j);
+        // Scores, KG keys at a time, head by head; K rows shared by a head's rows. The KG keys
+        // of a step are sj apart: KG sequential streams through the block (see the header).
+        const index_t sj = nk / KG;
+        for (index_t t = 0; t < sj; ++t) {
             for (index_t h = 0; h < rb.n_hk; ++h) {
-                const KT* kr = k0 + (j0 + j) * ksl + h * ksh;
-                for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
-                    if (!active(r)) continue;
-                    float* s = sc + r * BK + j;
-                    if (nj == KG)
-                        score_keys<A>(qs + r * Dp, kr, ksl, D, s);
-                    else
-                        for (index_t u = 0; u < nj; ++u) s[u] = score_key<A>(qs + r * Dp, kr + u * ksl, D);
-                }
+                const KT* kr = k0 + (j0 + t) * ksl + h * ksh;
+                for (index_t r = h * RH; r < (h + 1) * RH; ++r)
+                    if (active(r)) score_keys<A>(qs + r * Dp, kr, sj * ksl, D, sc + r * BK + t, sj);
             }
         }
+        for (index_t j = sj * KG; j < nk; ++j)
+            for (index_t h = 0; h < rb.n_hk; ++h) {
+                const KT* kr = k0 + (j0 + j) * ksl + h * ksh;
+                for (index_t r = h * RH; r < (h + 1) * RH; ++r)
+                    if (active(r)) sc[r * BK + j] = score_key<A>(qs + r * Dp, kr, D);
+            }
 
         // Online softmax per row over the block.
         for (index_t r = 0; r < R; ++r) {
@@ -268,22 +270,32 @@ void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1,
                 for (index_t c = 0; c < Dv; ++c) o[r * Dv + c] *= alpha;
         }
 
-        // Values, KU keys at a time, head by head, like K. Keys a row does not see are skipped
-        // rather than weighted by 0, so that a NaN or Inf in their value rows (0 * Inf = NaN)
-        // stays out of it; a visible key always contributes, even at weight 0.
-        for (index_t j = 0; j < nk; j += KU) {
-            const index_t nj = std::min(KU, nk - j), key = j0 + j;
+        // Values, KU keys at a time (sv apart, as for K), head by head. Keys a row does not see
+        // are skipped rather than weighted by 0, so that a NaN or Inf in their value rows
+        // (0 * Inf = NaN) stays out of it; a visible key always contributes, even at weight 0.
+        const index_t sv = nk / KU;
+        for (index_t t = 0; t < sv; ++t) {
+            const index_t key = j0 + t, last = key + (KU - 1) * sv;
             for (index_t h = 0; h < rb.n_hk; ++h) {
                 const VT* vr = v0 + key * vsl + h * vsh;
                 for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
-                    const float* pr = sc + r * BK + j;
-                    if (nj == KU && lo[r] <= key && hi[r] >= key + KU) {
-                        accumulate_keys<A>(o + r * Dv, pr, vr, vsl, Dv);
+                    const float* pr = sc + r * BK + t;
+                    if (lo[r] <= key && hi[r] > last) {
+                        accumulate_keys<A>(o + r * Dv, pr, sv, vr, sv * vsl, Dv);
                     } else {
-                        for (index_t u = 0; u < nj; ++u)
-                            if (key + u >= lo[r] && key + u < hi[r]) axpy<A>(o + r * Dv, pr[u], vr + u * vsl, Dv);
+                        for (index_t u = 0; u < KU; ++u)
+                            if (key + u * sv >= lo[r] && key + u * sv < hi[r])
+                                axpy<A>(o + r * Dv, pr[u * sv], vr + u * sv * vsl, Dv);
                     }
                 }
+            }
+        }
+        for (index_t j = sv * KU; j < nk; ++j) {
+            const index_t key = j0 + j;
+            for (index_t h = 0; h < rb.n_hk; ++h) {
+                const VT* vr = v0 + key * vsl + h * vsh;
+                for (index_t r = h * RH; r < (h + 1) * RH; ++r)
+                    if (key >= lo[r] && key < hi[r]) axpy<A>(o + r * Dv, sc[r * BK + j], vr, Dv);
             }
         }
     }
