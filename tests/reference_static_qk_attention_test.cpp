@@ -201,4 +201,17 @@ TEST(reference_static_qk_attention, bad_input_throws_before_writing) {
     EXPECT_EQ(0, w.size());
 }
 
+// The oracle rejects outputs over the stream or the values (not even out = v), before writing.
+TEST(reference_static_qk_attention, out_overlapping_an_input_is_rejected) {
+    tensor4<double> qf = random_bshd<double>(1, 5, 2, 3, distribution::uniform, 1);
+    tensor4<double> kf = random_bshd<double>(1, 5, 2, 3, distribution::uniform, 2);
+    tensor4<double> v = random_bshd<double>(1, 5, 2, 3, distribution::uniform, 3);
+    const tensor4<double> v0 = v, qf0 = qf;
+    expect_invalid([&] { ref::static_qk_attention(qf, kf, v, v); }, "out [1, 5, 2, 3] and v [1, 5, 2, 3] overlap");
+    expect_invalid([&] { ref::static_qk_attention(qf, kf, v, qf); }, "and q_fixed");
+    expect_invalid([&] { ref::static_qk_attention(qf, kf, v, kf); }, "and k_fixed");
+    EXPECT_TRUE(all_close(v, v0, 0.0, 0.0));
+    EXPECT_TRUE(all_close(qf, qf0, 0.0, 0.0));
+}
+
 }  // namespace

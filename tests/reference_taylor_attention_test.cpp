@@ -296,4 +296,32 @@ TEST(reference_taylor_attention, rejects_bad_arguments) {
     EXPECT_EQ(0, w.size());
 }
 
+// Outputs that overlap k, v or themselves are rejected by both forms, before anything is
+// written; out = q, the very same view, is allowed and gives what a separate out gets.
+TEST(reference_taylor_attention, out_overlapping_an_input) {
+    tensor4<double> q = random_bshd<double>(1, 4, 2, 3, distribution::uniform, 1);
+    tensor4<double> k = random_bshd<double>(1, 4, 2, 3, distribution::uniform, 2);
+    tensor4<double> v = random_bshd<double>(1, 4, 2, 3, distribution::uniform, 3);
+    const tensor4<double> k0 = k, v0 = v;
+    taylor_options o;
+    o.causal = true;
+    expect_invalid([&] { ref::taylor_attention(q, k, v, k, o); }, "out [1, 4, 2, 3] and k [1, 4, 2, 3] overlap");
+    expect_invalid([&] { ref::taylor_attention_linear(q, k, v, v, o); }, "out [1, 4, 2, 3] and v [1, 4, 2, 3] overlap");
+    tensor4<double> row = make_bshd<double>(1, 1, 2, 3, kSentinel);
+    const attnkit::view<double, 4> zero(row.data(), {1, 4, 2, 3}, {6, 0, 3, 1});
+    expect_invalid([&] { ref::taylor_attention(q, k, v, zero, o); }, "make its elements overlap");
+    EXPECT_TRUE(all_close(k, k0, 0.0, 0.0));
+    EXPECT_TRUE(all_close(v, v0, 0.0, 0.0));
+    EXPECT_TRUE(all_equal_to(row, kSentinel));
+
+    tensor4<double> want = make_bshd<double>(1, 4, 2, 3), want_linear = make_bshd<double>(1, 4, 2, 3);
+    ref::taylor_attention(q, k, v, want, o);
+    ref::taylor_attention_linear(q, k, v, want_linear, o);
+    tensor4<double> q2 = q;
+    ref::taylor_attention(q, k, v, q, o);
+    ref::taylor_attention_linear(q2, k, v, q2, o);
+    EXPECT_TRUE(all_close(q, want, 0.0, 0.0));
+    EXPECT_TRUE(all_close(q2, want_linear, 0.0, 0.0));
+}
+
 }  // namespace

@@ -49,8 +49,7 @@ void forward(const view<const float, 4>& qf, const view<const float, 4>& kf, con
     const stream_shape st = check_stream(qf, kf);
     const values_shape s = check_values(v, out, st.max_len, st.heads, st.heads_k, false);
     check_options(opts);
-    // Not even out = v in place: every query block reads all the value rows up to its own.
-    check_outputs_apart({region_of("out", out)}, {region_of("q_fixed", qf), region_of("k_fixed", kf), region_of("v", v)});
+    check_apart(qf, kf, v, out);
     // The engine compares mask bounds to key indices in float lanes, exact below 2^24.
     if (s.len >= (index_t(1) << 24))
         fail("v: at most 2^24 - 1 positions per call, got L = " + str(s.len) + " in " + shape_string(v));

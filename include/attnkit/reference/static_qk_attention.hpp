@@ -39,6 +39,7 @@ void run(const view<const TQ, 4>& qf, const view<const TK, 4>& kf, const view<co
     const sq::stream_shape st = sq::check_stream(qf, kf);
     const sq::values_shape s = sq::check_values(v, out, st.max_len, st.heads, st.heads_k, false);
     sq::check_options(opts);
+    sq::check_apart(qf, kf, v, out);
 
     const index_t B = s.batch, L = s.len, H = st.heads, D = st.dim, Dv = s.dim_v, G = st.group();
     const double scale = static_cast<double>(attnkit::detail::resolve_scale(opts.scale, D));

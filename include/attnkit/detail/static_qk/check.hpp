@@ -85,6 +85,13 @@ values_shape check_values(const view<TV, 4>& v, const view<TO, 4>& out, index_t 
 
 inline void check_options(const static_qk_options& o) { check_scale(o.scale); }
 
+// out shares no memory with the stream or the values, not even out = v in place: every output
+// row reads all the value rows up to its own (kernel and oracle alike).
+template <class TQ, class TK, class TV, class TO>
+void check_apart(const view<TQ, 4>& qf, const view<TK, 4>& kf, const view<TV, 4>& v, const view<TO, 4>& out) {
+    check_outputs_apart({region_of("out", out)}, {region_of("q_fixed", qf), region_of("k_fixed", kf), region_of("v", v)});
+}
+
 // A given causal mixing matrix, one square [Lmax, Lmax] block per head.
 template <class TW>
 stream_shape check_weights(const view<TW, 3>& w, index_t heads_k) {

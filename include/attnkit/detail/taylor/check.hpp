@@ -50,6 +50,9 @@ attention_shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const vie
     const attention_shape s = check_qkv(q, k, v);
     check_out("out", out, s);
     check_options(opts, s);
+    // out shares no memory with k, v or itself; out = q, the very same view, is allowed: the
+    // kernel packs a work item's queries and the oracle reads a query row before writing it.
+    check_attention_memory(q, k, v, out, static_cast<const view<float, 3>*>(nullptr));
     return s;
 }
 
