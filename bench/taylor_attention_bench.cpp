@@ -15,9 +15,17 @@
 // runs (automatic: the work of the form it picks); the time (and the ratio of times) says
 // which form is faster.
 //
-// Decode (names <family>/decode/Lk:<N>/D:64/H:8/threads:<t>), N in 1K..32K:
+// State prefill (names <family>/L:<L>/D:64/H:8/causal:1/threads:<t>, L in {512, 4096}):
+//   taylor_state_prefill         reset() and one taylor_state::step of L tokens (form = automatic:
+//                                quadratic below the state's crossover, 5061 here, linear above)
+//   taylor_state_prefill_linear  the same with opts.form = linear (the always-linear state)
+// Counter: tokens/s.
+//
+// Decode (names <family>/decode/Lk:<N>/D:64/H:8/threads:<t>), N in 512..32K:
 //   taylor_state_step  one taylor_state::step of one token with N tokens already in the state
-//                      (the state is filled once per thread count, outside the timing)
+//                      (the state is filled once per thread count, outside the timing, and
+//                      refilled outside the timing after 256 steps, so it stays near N)
+//   taylor_state_step_linear  the same with opts.form = linear
 //   softmax_decode     softmax_attention with Lq = 1 against an N-token K/V cache
 // Counters: state_bytes (the whole state, read once per step) or kv_bytes (the K/V cache read
 // per step), GB/s and bw_frac (over the measured DRAM read bandwidth; the 4.8 MB state of
@@ -178,39 +186,82 @@ struct decode_fixture {
     tensor4 q1, k1, v1, out1;
 };
 
-void run_state_step(benchmark::State& state, const attn_case& c) {
+void run_state_step(benchmark::State& state, const attn_case& c, attnkit::taylor_form form) {
     static std::map<int, decode_fixture> fixtures;
     const attn_dims& d = c.dims;
-    decode_fixture& fx = fixtures[c.threads];
+    decode_fixture& fx = fixtures[c.threads * 4 + static_cast<int>(form)];
     attnkit::taylor_options o;
     o.pool = shared_pool(c.threads);
-    if (!fx.st || fx.st->length() > d.Lk) {
-        fx.st = std::make_unique<attnkit::taylor_state>(d.B, d.H, d.Hk, d.D, d.Dv, o);
-        fx.q1 = random_tensor(d.B, 1, d.H, d.D, 5);
-        fx.k1 = random_tensor(d.B, 1, d.Hk, d.D, 6);
-        fx.v1 = random_tensor(d.B, 1, d.Hk, d.Dv, 7);
-        fx.out1 = tensor4(d.B, 1, d.H, d.Dv);
-    }
-    const std::int64_t fill = d.Lk - fx.st->length();
-    if (fill > 0) {
-        const tensor4 q = random_tensor(d.B, fill, d.H, d.D, 11), k = random_tensor(d.B, fill, d.Hk, d.D, 12);
-        const tensor4 v = random_tensor(d.B, fill, d.Hk, d.Dv, 13);
-        tensor4 out(d.B, fill, d.H, d.Dv);
-        fx.st->step(q, k, v, out);
-    }
-    const auto t0 = clock_type::now();
+    o.form = form;
+    // A fresh state when there is none or it has run past the context, then append up to it.
+    const auto fill = [&] {
+        if (!fx.st || fx.st->length() > d.Lk + 256) {
+            fx.st = std::make_unique<attnkit::taylor_state>(d.B, d.H, d.Hk, d.D, d.Dv, o);
+            fx.q1 = random_tensor(d.B, 1, d.H, d.D, 5);
+            fx.k1 = random_tensor(d.B, 1, d.Hk, d.D, 6);
+            fx.v1 = random_tensor(d.B, 1, d.Hk, d.Dv, 7);
+            fx.out1 = tensor4(d.B, 1, d.H, d.Dv);
+        }
+        const std::int64_t n = d.Lk - fx.st->length();
+        if (n > 0) {
+            const tensor4 q = random_tensor(d.B, n, d.H, d.D, 11), k = random_tensor(d.B, n, d.Hk, d.D, 12);
+            const tensor4 v = random_tensor(d.B, n, d.Hk, d.Dv, 13);
+            tensor4 out(d.B, n, d.H, d.Dv);
+            fx.st->step(q, k, v, out);
+        }
+    };
+    fill();
+    // Time per step without the refills (after 256 steps; an automatic state near its
+    // crossover would otherwise fold inside the timing).
+    double seconds = 0.0;
+    auto t0 = clock_type::now();
     for (auto _ : state) {
         fx.st->step(fx.q1, fx.k1, fx.v1, fx.out1);
         benchmark::ClobberMemory();
+        if (fx.st->length() > d.Lk + 256) {
+            state.PauseTiming();
+            seconds += seconds_since(t0);
+            fill();
+            t0 = clock_type::now();
+            state.ResumeTiming();
+        }
     }
-    const double seconds = seconds_since(t0), iters = static_cast<double>(state.iterations());
+    seconds += seconds_since(t0);
+    const double iters = static_cast<double>(state.iterations());
     for (std::int64_t x = 0; x < fx.out1.size(); ++x)
         if (!std::isfinite(fx.out1.data()[x])) return state.SkipWithError("non-finite decode output");
-    // Every step reads the whole state once (a chunk update, every 64th step, writes it too).
-    const double bytes = static_cast<double>(fx.st->state_bytes());
+    // Bytes read per step: the whole linear state (a chunk update, every 64th step, writes it
+    // too), or the cached K and V of a quadratic state.
+    const bool quadratic = fx.st->form() == attnkit::taylor_form::quadratic;
+    const double bytes = quadratic ? 4.0 * static_cast<double>(d.B * d.Hk * (d.D + d.Dv) * fx.st->length())
+                                   : static_cast<double>(fx.st->state_bytes());
     state.counters["state_bytes"] = static_cast<double>(fx.st->state_bytes());
+    state.counters["quadratic"] = quadratic ? 1.0 : 0.0;
     state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
     state.counters["bw_frac"] = bytes * iters / seconds / dram_read_bandwidth(c.threads);
+}
+
+// reset() and one step of the whole prompt, as a decoder's prefill does.
+void run_state_prefill(benchmark::State& state, const attn_case& c, attnkit::taylor_form form) {
+    attn_inputs& in = inputs_for(c);
+    const attn_dims& d = c.dims;
+    attnkit::taylor_options o;
+    o.pool = shared_pool(c.threads);
+    o.form = form;
+    attnkit::taylor_state st(d.B, d.H, d.Hk, d.D, d.Dv, o);
+    std::fill_n(in.out.data(), in.out.size(), std::numeric_limits<float>::quiet_NaN());
+    for (auto _ : state) {
+        st.reset();
+        st.step(in.q, in.k[0], in.v[0], in.out);
+        benchmark::ClobberMemory();
+    }
+    const double err = spot_error(fam::quadratic, in, true);
+    if (!(err <= 2e-3)) {
+        state.SkipWithError(("output mismatch against the double recomputation: " + std::to_string(err)).c_str());
+        return;
+    }
+    state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(d.Lq), benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["state_bytes"] = static_cast<double>(st.state_bytes());
 }
 
 void run_softmax_decode(benchmark::State& state, const attn_case& c) {
@@ -253,13 +304,29 @@ void register_all() {
                 }
     }
     for (int t : kThreadCounts)
-        for (std::int64_t N : {1024, 2048, 4096, 8192, 16384, 32768}) {
+        for (std::int64_t L : {512, 4096}) {
+            const attn_case c = prefill_case(L, 64, 8, 8, true, t);
+            for (const auto form : {attnkit::taylor_form::automatic, attnkit::taylor_form::linear}) {
+                const std::string fam = form == attnkit::taylor_form::linear ? "taylor_state_prefill_linear/"
+                                                                             : "taylor_state_prefill/";
+                benchmark::RegisterBenchmark((fam + c.name()).c_str(),
+                                             [c, form](benchmark::State& st) { run_state_prefill(st, c, form); })
+                    ->UseRealTime()
+                    ->Unit(benchmark::kMillisecond);
+            }
+        }
+    for (int t : kThreadCounts)
+        for (std::int64_t N : {512, 1024, 2048, 4096, 8192, 16384, 32768}) {
             if (quick && N > 16384) continue;
             const attn_case c = decode_case(N, 64, 8, 8, t);
-            benchmark::RegisterBenchmark(("taylor_state_step/" + c.name()).c_str(),
-                                         [c](benchmark::State& st) { run_state_step(st, c); })
-                ->UseRealTime()
-                ->Unit(benchmark::kMillisecond);
+            for (const auto form : {attnkit::taylor_form::automatic, attnkit::taylor_form::linear}) {
+                const std::string fam =
+                    form == attnkit::taylor_form::linear ? "taylor_state_step_linear/" : "taylor_state_step/";
+                benchmark::RegisterBenchmark((fam + c.name()).c_str(),
+                                             [c, form](benchmark::State& st) { run_state_step(st, c, form); })
+                    ->UseRealTime()
+                    ->Unit(benchmark::kMillisecond);
+            }
             benchmark::RegisterBenchmark(("softmax_decode/" + c.name()).c_str(),
                                          [c](benchmark::State& st) { run_softmax_decode(st, c); })
                 ->UseRealTime()

@@ -1,9 +1,13 @@
-// attnkit::taylor_state: steps of any size equal one causal call over the whole sequence.
+// attnkit::taylor_state: steps of any size equal one causal call over the whole sequence, in
+// the form the state used (quadratic below its crossover, linear from it on).
 //
 // Uneven steps (13, 1, 1, 7, 64, 65, ...) cross the chunk size (64) both ways; outputs are held
 // against the quadratic oracle in double over the concatenated sequence, with the per-row
-// float tolerance of taylor_linear_test (eps times the magnitude of the feature sums). A
-// prefill in one step is bitwise the linear form of taylor_attention (same chunks, same order).
+// float tolerance of taylor_linear_test (eps times the magnitude of the feature sums). Bitwise:
+// a prefill in one step is taylor_attention(causal, form = automatic), i.e. the quadratic form
+// below the crossover and the linear form from it on (lengths swept around the crossover and
+// the 64-token chunk edges), and after the fold (cached tokens into S) every step of >= 2
+// tokens gives the linear form's bits, which a wrong fold point or chunk order would change.
 #include "attnkit/taylor_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -38,14 +42,17 @@ tensor4<float> slice(const tensor4<float>& x, index_t t0, index_t T) {
     return y;
 }
 
-// |out - expected| <= 16 eps max|v| mean_j (1 + (1 + scale |q_i|·|k_j|)^2) per row (causal).
-::testing::AssertionResult causal_close(const tensor4<float>& out, const tensor4<double>& expected,
-                                        const tensor4<float>& q, const tensor4<float>& k, const tensor4<float>& v) {
+// |out - expected| <= 16 eps max|v| mean_j (1 + (1 + scale |q_i|·|k_j|)^2) per row (causal), rows
+// i >= from_row.
+template <class E>
+::testing::AssertionResult causal_close(const tensor4<float>& out, const tensor4<E>& expected,
+                                        const tensor4<float>& q, const tensor4<float>& k, const tensor4<float>& v,
+                                        index_t from_row = 0) {
     const index_t B = q.dimension(0), L = q.dimension(1), H = q.dimension(2), Hk = k.dimension(2);
     const index_t D = q.dimension(3), Dv = v.dimension(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(D)), vmax = max_abs(v);
     for (index_t b = 0; b < B; ++b)
-        for (index_t i = 0; i < L; ++i)
+        for (index_t i = from_row; i < L; ++i)
             for (index_t h = 0; h < H; ++h) {
                 double mag = 0.0;
                 for (index_t j = 0; j <= i; ++j) {
@@ -123,11 +130,13 @@ TEST(taylor_state, decode_one_token_at_a_time) {
 }
 
 // One step of L tokens is the linear form of taylor_attention, bit for bit (B Hk >= 4: no
-// chunk segments in the call either).
+// chunk segments in the call either): L = 300 is past this shape's crossover (220).
 TEST(taylor_state, prefill_in_one_step_is_the_linear_form) {
     const sequence s = make_sequence(2, 300, 4, 2, 12, 10, distribution::uniform, 9);
     taylor_state st(2, 4, 2, 12, 10);
+    ASSERT_LE(st.crossover(), 300);
     const tensor4<float> a = run_steps(st, s, {300});
+    EXPECT_EQ(attnkit::taylor_form::linear, st.form());
     tensor4<float> b = make_bshd<float>(2, 300, 4, 10);
     taylor_options o;
     o.causal = true;
@@ -144,9 +153,13 @@ TEST(taylor_state, reset_and_thread_count_determinism) {
     const sequence s = make_sequence(1, 200, 3, 3, 8, 8, distribution::outliers, 11);
     const std::vector<index_t> steps = {70, 1, 64, 65};
     taylor_state st(1, 3, 3, 8, 8);
+    ASSERT_LT(135, st.crossover());  // the last step folds the cache (crossover 180 <= 200)
+    ASSERT_GE(200, st.crossover());
     const tensor4<float> first = run_steps(st, s, steps);
+    EXPECT_EQ(attnkit::taylor_form::linear, st.form());
     st.reset();
     EXPECT_EQ(0, st.length());
+    EXPECT_EQ(attnkit::taylor_form::quadratic, st.form());
     const tensor4<float> again = run_steps(st, s, steps);
     EXPECT_EQ(0, std::memcmp(first.data(), again.data(), sizeof(float) * static_cast<std::size_t>(first.size())));
     for (std::size_t n : {2u, 3u}) {
@@ -160,20 +173,234 @@ TEST(taylor_state, reset_and_thread_count_determinism) {
     }
 }
 
-TEST(taylor_state, state_bytes_do_not_grow) {
-    taylor_state st(1, 8, 8, 64, 64);
+// form = linear: the old always-linear state, S from the start, constant size.
+TEST(taylor_state, linear_state_bytes_do_not_grow) {
+    taylor_options o;
+    o.form = attnkit::taylor_form::linear;
+    taylor_state st(1, 8, 8, 64, 64, o);
+    EXPECT_EQ(0, st.crossover());
+    EXPECT_EQ(attnkit::taylor_form::linear, st.form());
     const std::size_t bytes = st.state_bytes();
     EXPECT_GE(bytes, std::size_t(8) * 2145 * 65 * sizeof(float));  // F = 2145 rows of Dv + 1
     const sequence s = make_sequence(1, 5, 8, 8, 64, 64, distribution::uniform, 13);
     run_steps(st, s, {5});
     EXPECT_EQ(bytes, st.state_bytes());
+    st.reset();
+    EXPECT_EQ(bytes, st.state_bytes());
+    EXPECT_EQ(attnkit::taylor_form::linear, st.form());
+}
+
+// The documented crossover of the suite's shape (D = Dv = 64, H = Hk = 8): 5061.
+TEST(taylor_state, crossover_of_the_decoder_shape) {
+    EXPECT_EQ(5061, taylor_state(1, 8, 8, 64, 64).crossover());
+    taylor_options o;
+    o.form = attnkit::taylor_form::quadratic;
+    EXPECT_EQ(index_t(1) << 24, taylor_state(1, 8, 8, 64, 64, o).crossover());
+}
+
+// taylor_attention over the first L tokens of s, causal, in the given form.
+tensor4<float> causal_call(const sequence& s, index_t L, attnkit::taylor_form form) {
+    tensor4<float> out = make_bshd<float>(s.q.dimension(0), L, s.q.dimension(2), s.v.dimension(3));
+    taylor_options o;
+    o.causal = true;
+    o.form = form;
+    attnkit::taylor_attention(slice(s.q, 0, L), slice(s.k, 0, L), slice(s.v, 0, L), out, o);
+    return out;
+}
+
+bool same_bits(const tensor4<float>& a, const tensor4<float>& b) {
+    return a.size() == b.size() &&
+           std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.size())) == 0;
+}
+
+// x with rows [t0, t0 + T) replaced by the step's output o [B, T, H, Dv].
+tensor4<float> with_rows(tensor4<float> x, const tensor4<float>& o, index_t t0) {
+    for (index_t b = 0; b < o.dimension(0); ++b)
+        for (index_t t = 0; t < o.dimension(1); ++t)
+            for (index_t h = 0; h < o.dimension(2); ++h)
+                for (index_t d = 0; d < o.dimension(3); ++d) x(b, t0 + t, h, d) = o(b, t, h, d);
+    return x;
+}
+
+// Shape of the fold tests: B Hk = 4 (the linear call runs no chunk segments), crossover 343 =
+// 5 * 64 + 23: a fold adds up to 5 chunks (enough for their order to change the bits; with 2,
+// A + B = B + A), and the sweeps cross chunk edges on both sides of it.
+constexpr index_t kB = 2, kH = 4, kHk = 2, kD = 16, kDv = 16;
+
+TEST(taylor_state, one_step_prefill_is_the_automatic_form_around_the_crossover) {
+    const index_t X = taylor_state(kB, kH, kHk, kD, kDv).crossover();
+    ASSERT_EQ(343, X);
+    const sequence s = make_sequence(kB, X + 130, kH, kHk, kD, kDv, distribution::gaussian, 21);
+    for (const index_t L : {index_t(1), index_t(2), index_t(63), index_t(64), index_t(65), index_t(127),
+                            index_t(128), index_t(129), index_t(320), X - 1, X, X + 1, X + 41, X + 42, X + 43,
+                            X + 63, X + 65, X + 130}) {
+        SCOPED_TRACE(::testing::Message() << "L " << L);
+        taylor_state st(kB, kH, kHk, kD, kDv);
+        const tensor4<float> out = run_steps(st, s, {L});
+        const auto used = L < X ? attnkit::taylor_form::quadratic : attnkit::taylor_form::linear;
+        EXPECT_EQ(used, st.form());
+        EXPECT_TRUE(same_bits(out, causal_call(s, L, used)));
+        // The state's crossover is automatic's: the call picks the same form at every L.
+        EXPECT_TRUE(same_bits(out, causal_call(s, L, attnkit::taylor_form::automatic)));
+        tensor4<double> expected = make_bshd<double>(kB, L, kH, kDv);
+        taylor_options o;
+        o.causal = true;
+        ref::taylor_attention(slice(s.q, 0, L), slice(s.k, 0, L), slice(s.v, 0, L), expected, o);
+        EXPECT_TRUE(causal_close(out, expected, slice(s.q, 0, L), slice(s.k, 0, L), slice(s.v, 0, L)));
+    }
+    // The two forms differ in their bits here, so the comparisons above can tell them apart.
+    EXPECT_FALSE(same_bits(causal_call(s, X, attnkit::taylor_form::quadratic),
+                           causal_call(s, X, attnkit::taylor_form::linear)));
+}
+
+// A quadratic prefill, then steps of >= 2 tokens across the crossover: the step that reaches it
+// folds the cache, and from it on every row is the linear form's, bit for bit (the fold's
+// chunks, their order and the current chunk's tokens must all be the linear kernel's). 1, 2 and
+// 3 threads.
+TEST(taylor_state, fold_gives_the_linear_forms_bits) {
+    const index_t X = taylor_state(kB, kH, kHk, kD, kDv).crossover();
+    const sequence s = make_sequence(kB, X + 200, kH, kHk, kD, kDv, distribution::uniform, 23);
+    const std::vector<std::vector<index_t>> plans = {
+        {X - 1, 2, 65},      {X - 1, 66, 64}, {X - 2, 64, 3},       {320, 22, 2, 63},      {320, 23, 64},
+        {64, X - 64, 65},    {255, 100, 2},   {1, 2, X - 4, 2, 63}, {63, 64, 13, 192, 130}, {X - 3, 3, 2},
+        {X - 65, 64, 2, 65}, {2, 2, 2, X, 2}, {256, 64, 23}};
+    for (const auto& steps : plans) {
+        SCOPED_TRACE(::testing::Message() << "steps " << ::testing::PrintToString(steps));
+        index_t total = 0;
+        for (index_t T : steps) total += T;
+        const tensor4<float> lin = causal_call(s, total, attnkit::taylor_form::linear);
+        for (std::size_t threads : {1u, 2u, 3u}) {
+            attnkit::thread_pool pool(threads);
+            taylor_options o;
+            o.pool = threads > 1 ? &pool : nullptr;
+            taylor_state st(kB, kH, kHk, kD, kDv, o);
+            index_t t0 = 0;
+            bool folded = false;
+            for (std::size_t i = 0; i < steps.size(); ++i) {
+                const index_t T = steps[i];
+                tensor4<float> o_step = make_bshd<float>(kB, T, kH, kDv, 7.0f);
+                st.step(slice(s.q, t0, T), slice(s.k, t0, T), slice(s.v, t0, T), o_step);
+                folded = folded || t0 + T >= X;
+                EXPECT_EQ(folded ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic, st.form());
+                if (folded) {
+                    EXPECT_TRUE(same_bits(o_step, slice(lin, t0, T))) << "step " << i << ", " << threads << " threads";
+                } else if (i == 0) {  // a first quadratic step is the quadratic call
+                    EXPECT_TRUE(same_bits(o_step, causal_call(s, T, attnkit::taylor_form::quadratic)));
+                } else {  // later quadratic steps: the call's driver splits keys differently
+                    const tensor4<float> quad = causal_call(s, t0 + T, attnkit::taylor_form::quadratic);
+                    EXPECT_TRUE(causal_close(with_rows(quad, o_step, t0), quad, slice(s.q, 0, t0 + T),
+                                             slice(s.k, 0, t0 + T), slice(s.v, 0, t0 + T), t0));
+                }
+                t0 += T;
+            }
+        }
+    }
+}
+
+// One token at a time across the crossover: the form switches exactly at it, each decode row
+// equals the last row of a prefill one token longer in the form the state used (float
+// tolerance: a one-token step reads S with the row kernel), and the cache grows only up to the
+// fold, within its bound, after which the size stays constant.
+TEST(taylor_state, decode_across_the_crossover) {
+    const index_t X = taylor_state(kB, kH, kHk, kD, kDv).crossover();
+    const index_t L = X + 140;
+    const sequence s = make_sequence(kB, L, kH, kHk, kD, kDv, distribution::outliers, 29);
+    taylor_state st(kB, kH, kHk, kD, kDv);
+    tensor4<float> out = make_bshd<float>(kB, L, kH, kDv, 7.0f);
+    std::size_t prev_bytes = st.state_bytes();
+    int growths = 0;
+    const auto cache_bytes = [](index_t n) {
+        return sizeof(float) * static_cast<std::size_t>(kB * kHk * n * (kD + kDv));
+    };
+    for (index_t n = 0; n < L; ++n) {
+        EXPECT_EQ(n >= X ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic, st.form()) << n;
+        tensor4<float> o = make_bshd<float>(kB, 1, kH, kDv, 7.0f);
+        st.step(slice(s.q, n, 1), slice(s.k, n, 1), slice(s.v, n, 1), o);
+        out = with_rows(std::move(out), o, n);
+        const bool linear = n + 1 >= X;
+        ASSERT_EQ(linear ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic, st.form()) << n;
+        if (!linear) {  // the cache: the tokens held, at most twice (doubling), at most X - 1
+            EXPECT_GE(st.state_bytes(), prev_bytes) << n;
+            EXPECT_GE(st.state_bytes(), cache_bytes(n + 1)) << n;
+            EXPECT_LE(st.state_bytes(), cache_bytes(std::max<index_t>(2 * n, 64))) << n;
+            EXPECT_LE(st.state_bytes(), cache_bytes(X - 1)) << n;
+            growths += st.state_bytes() != prev_bytes;
+        } else if (n + 1 > X) {
+            EXPECT_EQ(prev_bytes, st.state_bytes()) << n;  // S and the current chunk: constant
+        }
+        prev_bytes = st.state_bytes();
+        for (const index_t edge : {index_t(63), index_t(64), index_t(65), X - 2, X - 1, X, X + 1, X + 63, X + 65})
+            if (n == edge) {
+                SCOPED_TRACE(::testing::Message() << "decode at " << n);
+                const tensor4<float> pre =
+                    causal_call(s, n + 1, linear ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic);
+                EXPECT_TRUE(causal_close(with_rows(pre, o, n), pre, slice(s.q, 0, n + 1), slice(s.k, 0, n + 1),
+                                         slice(s.v, 0, n + 1), n));
+            }
+    }
+    EXPECT_EQ(4, growths);  // amortised: 64, 128, 256, then the cap of X - 1 = 342 tokens
+    tensor4<double> expected = make_bshd<double>(kB, L, kH, kDv);
+    taylor_options o;
+    o.causal = true;
+    ref::taylor_attention(s.q, s.k, s.v, expected, o);
+    EXPECT_TRUE(causal_close(out, expected, s.q, s.k, s.v));
+}
+
+// Cache growth: steps across the capacity doublings (64, 128, 256) at odd offsets, GQA 4:1,
+// against the oracle, in automatic (crossover 297 here: folds in the 129-token step) and both
+// forced forms.
+TEST(taylor_state, uneven_steps_in_every_form) {
+    const std::vector<index_t> steps = {1, 62, 1, 1, 63, 2, 64, 1, 65, 3, 129, 1, 7};  // 400 tokens
+    const index_t L = 400;
+    const sequence s = make_sequence(1, L, 4, 1, 16, 16, distribution::gaussian, 31);
+    tensor4<double> expected = make_bshd<double>(1, L, 4, 16);
+    taylor_options ro;
+    ro.causal = true;
+    ref::taylor_attention(s.q, s.k, s.v, expected, ro);
+    for (const auto form : {attnkit::taylor_form::automatic, attnkit::taylor_form::quadratic,
+                            attnkit::taylor_form::linear}) {
+        SCOPED_TRACE(::testing::Message() << "form " << static_cast<int>(form));
+        taylor_options o;
+        o.form = form;
+        taylor_state st(1, 4, 1, 16, 16, o);
+        if (form == attnkit::taylor_form::automatic) {
+            ASSERT_EQ(297, st.crossover());
+        }
+        const tensor4<float> out = run_steps(st, s, steps);
+        EXPECT_EQ(form == attnkit::taylor_form::quadratic ? attnkit::taylor_form::quadratic
+                                                          : attnkit::taylor_form::linear,
+                  st.form());
+        EXPECT_TRUE(causal_close(out, expected, s.q, s.k, s.v));
+        if (form == attnkit::taylor_form::quadratic) {  // a pure cache: 4 (D + Dv) bytes per token
+            EXPECT_GE(st.state_bytes(), sizeof(float) * std::size_t(L * 32));
+        }
+    }
+}
+
+// Forced forms keep one form: linear below the crossover gives the linear call's bits, quadratic
+// past it the quadratic call's.
+TEST(taylor_state, forced_forms) {
+    const index_t X = taylor_state(kB, kH, kHk, kD, kDv).crossover();
+    const sequence s = make_sequence(kB, X + 65, kH, kHk, kD, kDv, distribution::gaussian, 37);
+    taylor_options o;
+    o.form = attnkit::taylor_form::linear;
+    taylor_state lin(kB, kH, kHk, kD, kDv, o);
+    EXPECT_TRUE(same_bits(run_steps(lin, s, {100}), causal_call(s, 100, attnkit::taylor_form::linear)));
+    o.form = attnkit::taylor_form::quadratic;
+    taylor_state quad(kB, kH, kHk, kD, kDv, o);
+    EXPECT_TRUE(same_bits(run_steps(quad, s, {X + 65}), causal_call(s, X + 65, attnkit::taylor_form::quadratic)));
+    EXPECT_EQ(attnkit::taylor_form::quadratic, quad.form());
 }
 
 // ---- bad steps: std::invalid_argument naming the argument; out and the state unchanged ----
 
 TEST(taylor_state, bad_steps_change_nothing) {
+  for (const auto form : {attnkit::taylor_form::automatic, attnkit::taylor_form::linear}) {
+    SCOPED_TRACE(::testing::Message() << "form " << static_cast<int>(form));
     const sequence s = make_sequence(2, 20, 4, 2, 8, 6, distribution::gaussian, 17);
-    taylor_state st(2, 4, 2, 8, 6), fresh(2, 4, 2, 8, 6);
+    taylor_options fo;
+    fo.form = form;
+    taylor_state st(2, 4, 2, 8, 6, fo), fresh(2, 4, 2, 8, 6, fo);
     run_steps(st, s, {10});
     run_steps(fresh, s, {10});
     const auto q = slice(s.q, 10, 3), k = slice(s.k, 10, 3), v = slice(s.v, 10, 3);
@@ -204,6 +431,7 @@ TEST(taylor_state, bad_steps_change_nothing) {
     st.step(q, k, v, a);
     fresh.step(q, k, v, b);
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.size())));
+  }
 }
 
 TEST(taylor_state, bad_construction) {
@@ -215,6 +443,9 @@ TEST(taylor_state, bad_construction) {
     o = {};
     o.key_lengths = {3};
     expect_invalid([&] { taylor_state(1, 2, 2, 8, 8, o); }, "key_lengths");
+    o = {};
+    o.form = static_cast<attnkit::taylor_form>(7);
+    expect_invalid([&] { taylor_state(1, 2, 2, 8, 8, o); }, "opts.form");
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 //   attnkit::taylor_attention(q, k, v, out, opts);   q [B,Lq,H,D], k [B,Lk,Hk,D], v [B,Lk,Hk,Dv],
 //                                                    out [B,Lq,H,Dv]; opts: attnkit::taylor_options
 //   attnkit::taylor_state st(B, H, Hk, D, Dv, opts); st.step(q, k, v, out);   decode / chunked prefill
+//     (detail/taylor/state.hpp): a K/V cache and the quadratic form below the causal crossover of
+//     its shapes (the cost model below), then the linear form's state; opts.form = linear or
+//     quadratic keeps one form throughout.
 //
 // Conventions are the softmax ones: BSHD, GQA by index, causal bottom-right, key_lengths, the
 // caller's thread pool, bitwise identical results for any thread count. A row that sees no key
@@ -20,8 +23,9 @@
 //              O((Lq H + Lk Hk) F Dv), independent of how many keys a query sees.
 //   automatic  the cheaper of the two by the cost model below.
 //
-// Cost model (detail::taylor::choose_form): with P the number of visible (query, key) pairs
-// summed over query heads and N = B (Lq H + Lk Hk) the rows that read or update the state,
+// Cost model (detail::taylor::choose_form in detail/taylor/cost_model.hpp): with P the number of
+// visible (query, key) pairs summed over query heads and N = B (Lq H + Lk Hk) the rows that read
+// or update the state,
 //   t_quadratic = 2 P (D + Dv) / kQuadraticGflops
 //   t_linear    = 2 N F (Dv + 1) / kLinearGflops + (causal: the chunk-local quadratic part)
 // The two constants are effective FLOP rates measured with bench/taylor_attention_bench
@@ -48,6 +52,7 @@
 #include "attnkit/detail/attention_driver.hpp"
 #include "attnkit/detail/check.hpp"
 #include "attnkit/detail/taylor/check.hpp"
+#include "attnkit/detail/taylor/cost_model.hpp"
 #include "attnkit/detail/taylor/linear.hpp"
 #include "attnkit/detail/taylor/quadratic.hpp"
 #include "attnkit/detail/taylor/state.hpp"
@@ -57,43 +62,6 @@
 namespace attnkit {
 namespace detail {
 namespace taylor {
-
-// Effective FLOP rates of each form, in GFLOP/s of its own arithmetic (see the header comment):
-// medians of bench/taylor_attention_bench at B = 1, H = 8, 1 thread, L = 2048..8192,
-// D = 64 and 128 (quadratic 74-80, linear 67-74; the ratio is what matters).
-constexpr double kQuadraticGflops = 78.0;
-constexpr double kLinearGflops = 68.0;
-
-// Visible (query, key) pairs of one batch item's query head: row i sees min(len, i + Lk - Lq + 1)
-// keys when causal (at least 0), len otherwise.
-inline double visible_pairs(index_t len_q, index_t len_k, index_t len, bool causal) {
-    if (!causal) return static_cast<double>(len_q) * static_cast<double>(len);
-    // n_i = clamp(i + a, 0, len), i in [0, Lq), a = Lk - Lq + 1: a ramp, then a plateau at len.
-    const double a = static_cast<double>(len_k - len_q + 1), L = static_cast<double>(len);
-    double sum = 0.0;
-    const double x0 = std::max(a, 1.0), x1 = std::min(a + static_cast<double>(len_q) - 1.0, L);  // ramp x in [x0, x1]
-    if (x1 >= x0) sum += (x0 + x1) * (x1 - x0 + 1.0) / 2.0;
-    const double plateau_from = std::max(a, L + 1.0), last = a + static_cast<double>(len_q) - 1.0;
-    if (last >= plateau_from) sum += (last - plateau_from + 1.0) * L;
-    return sum;
-}
-
-inline taylor_form choose_form(const attention_shape& s, const taylor_options& o) {
-    double pairs = 0.0;
-    for (index_t b = 0; b < s.batch; ++b) {
-        const index_t len = o.key_lengths.empty() ? s.len_k : static_cast<index_t>(o.key_lengths[b]);
-        pairs += visible_pairs(s.len_q, s.len_k, len, o.causal);
-    }
-    pairs *= static_cast<double>(s.heads);
-    const double D = static_cast<double>(s.dim), Dv = static_cast<double>(s.dim_v);
-    const double F = 1.0 + D + D * (D + 1.0) / 2.0;
-    const double rows = static_cast<double>(s.batch) *
-                        (static_cast<double>(s.len_q * s.heads) + static_cast<double>(s.len_k * s.heads_k));
-    const double local = o.causal ? static_cast<double>(s.batch * s.len_q * s.heads) * (kChunk / 2.0) : 0.0;
-    const double t_quad = 2.0 * pairs * (D + Dv) / kQuadraticGflops;
-    const double t_lin = 2.0 * rows * F * (Dv + 1.0) / kLinearGflops + 2.0 * local * (D + Dv) / kQuadraticGflops;
-    return t_lin < t_quad ? taylor_form::linear : taylor_form::quadratic;
-}
 
 // The quadratic form on the tile engine: scale folded into the packed queries, the Taylor row
 // policy, the softmax work partition (its split-KV pieces merge by addition).
@@ -112,7 +80,7 @@ void attention_run(const view<const float, 4>& q, const view<const float, 4>& k,
                    const view<float, 4>& out, const taylor_options& opts) {
     const attention_shape s = check_call(q, k, v, out, opts);
     // Mask bounds are compared to key indices in float lanes, exact below 2^24 (as softmax).
-    if (s.len_k >= (index_t(1) << 24))
+    if (s.len_k > kMaxQuadraticKeys)
         fail("k: at most 2^24 - 1 keys per call, got Lk = " + std::to_string(s.len_k) + " in " + shape_string(k));
     // out may not overlap k, v or itself; it may be q itself (each work item packs its queries
     // before it writes any of its rows, in both forms).

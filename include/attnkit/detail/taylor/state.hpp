@@ -1,33 +1,59 @@
-// attnkit::taylor_state: decode and chunked prefill of Taylor attention with the linear form's
-// running state (docs/variants.md section 2, docs/design.md "Variant entry points").
+// attnkit::taylor_state: decode and chunked prefill of Taylor attention (docs/variants.md
+// section 2, docs/design.md "Variant entry points"), in the form the cost model picks.
 //
 //   attnkit::taylor_state st(batch, heads, heads_kv, dim, dim_v, opts);
 //   st.step(q, k, v, out);   q [B,T,H,D], k [B,T,Hk,D], v [B,T,Hk,Dv], out [B,T,H,Dv], T >= 1
-//   st.length(); st.reset(); st.state_bytes();
+//   st.length(); st.reset(); st.state_bytes(); st.form(); st.crossover();
 //
-// Per batch item and key/value head the state is S = sum phi(k) v^T and z = sum phi(k) over the
-// completed chunks of 64 tokens (F = 1 + D + D(D+1)/2 rows of Dv + 1 floats, features.hpp),
-// plus the keys and values of the current chunk, so a step costs O(T F Dv) whatever the length
-// so far. The chunks are those of the linear kernel (linear.hpp): each query reads S, sees the
-// tokens of its own chunk up to itself through the quadratic form, and a chunk enters S when
-// it is complete (summed on its own, then added). So one step of L tokens computes exactly what
-// taylor_attention(causal = true, form = linear) does, and a one-token decode step is a read of
-// S by a row kernel (value columns in lanes), a small quadratic part, and every 64th step a
-// chunk update.
+// Two forms, as taylor_attention (opts.form; automatic is the default):
+//   quadratic  a K/V cache (row-major per batch item and key/value head, capacity doubling);
+//              a step is one causal call of its T queries against the cache, O(T L (D + Dv)):
+//              taylor_attention's driver and tile engine with quadratic_rows, or, for a later
+//              step of T G <= kRowKernelMaxRows rows (decode), the row walks
+//              (quadratic_rows_kernel.hpp: head dim in lanes, K and V read once).
+//   linear     per batch item and key/value head S = sum phi(k) v^T, z = sum phi(k) over the
+//              completed chunks of 64 tokens (F = 1 + D + D(D+1)/2 rows of Dv + 1 floats,
+//              features.hpp) and the current chunk's K and V: O(T F Dv) per step at any length.
+//              The chunks are the linear kernel's (linear.hpp): a query reads S, sees its own
+//              chunk up to itself through the quadratic form, and a full chunk enters S (summed
+//              on its own, then added). A decode read of S with few rows uses a row kernel.
+// automatic: quadratic while length() + T < crossover(), the smallest L for which the cost
+// model (cost_model.hpp) picks the linear form for a causal call with Lq = Lk = L (B cancels;
+// D = Dv = 64, H = Hk = 8: 5061). The step that reaches it folds the cache into S chunk by
+// chunk in the linear form's order (the last length() % 64 tokens become the current chunk),
+// frees the cache and runs linear from then on. form = linear: linear from the first token;
+// form = quadratic: never folds (at most 2^24 - 1 tokens, as the quadratic form).
+// The crossover is the prefill's: decode steps just below it read a cache larger than S (one
+// thread, D = 64, H = 8: 0.073 ms at 512 tokens, 1.70 ms at 4096, the linear state 0.25 ms).
 //
-// opts: scale, eps and pool are used (causal is implied, form is ignored: a state is the linear
-// form); key_lengths must be empty. A pool passed in opts must outlive the state.
-// A step whose shapes differ from the state's throws std::invalid_argument naming the argument
+// Memory per batch item and key/value head (state_bytes(): what is allocated now): quadratic
+// 4 (D + Dv) bytes per token, capacity at most crossover() - 1 tokens (D = Dv = 64: 512 B per
+// token, < 2.6 MB); linear 4 (F' Dv' + 64 (D + Dv)) bytes whatever the length, F' and Dv' = Dv + 1
+// rounded up to the micro tile (D = Dv = 64: 0.59 MB).
+//
+// Bitwise (tests/taylor_state_test.cpp): a one-step prefill from an empty state is
+// taylor_attention(causal = true, form = automatic); after the fold every step of >= 2 tokens
+// gives the linear form's rows; other steps (later quadratic steps: the driver splits keys by
+// the shapes; the row walks; one-token linear reads) agree with one causal call to float
+// rounding (16 eps times the row's magnitude). Any thread count gives the same bits.
+//
+// opts: scale, eps, form and pool (causal is implied; key_lengths must be empty). A pool passed
+// in opts must outlive the state. A bad step throws std::invalid_argument naming the argument
 // and both shapes; nothing is written and the state is unchanged.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "attnkit/detail/attention_driver.hpp"
 #include "attnkit/detail/check.hpp"
 #include "attnkit/detail/taylor/check.hpp"
+#include "attnkit/detail/taylor/cost_model.hpp"
 #include "attnkit/detail/taylor/linear.hpp"
+#include "attnkit/detail/taylor/quadratic.hpp"
+#include "attnkit/detail/taylor/quadratic_rows_kernel.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "attnkit/view.hpp"
@@ -43,22 +69,35 @@ class taylor_state {
     taylor_state(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v,
                  const taylor_options& opts = {})
         : batch_(batch), heads_(heads), heads_kv_(heads_kv), dim_(dim), dim_v_(dim_v),
-          scale_((detail::taylor::check_state_sizes(batch, heads, heads_kv, dim, dim_v, opts),
-                  detail::resolve_scale(opts.scale, dim))),
-          eps_(opts.eps), pool_(opts.pool), features_(dim, detail::tile_traits<A>::kMR),
+          scale_((check(batch, heads, heads_kv, dim, dim_v, opts), detail::resolve_scale(opts.scale, dim))),
+          eps_(opts.eps), pool_(opts.pool), form_(opts.form),
+          crossover_(opts.form == taylor_form::linear      ? 0
+                     : opts.form == taylor_form::quadratic ? detail::taylor::kMaxQuadraticKeys + 1
+                                                           : detail::taylor::causal_crossover(heads, heads_kv, dim, dim_v)),
+          features_(dim, detail::tile_traits<A>::kMR),
           dvp_(detail::taylor::chunk_buffers<A>(dim, dim_v, 0, 0).dvp),
-          per_item_(features_.padded * dvp_ + kChunk * (dim + dim_v)),
-          // + kLanes: read_row reads whole vectors past the last state row.
-          state_(static_cast<std::size_t>(batch * heads_kv * per_item_ + kLanes), 0.0f) {}
+          per_item_(features_.padded * dvp_ + kChunk * (dim + dim_v)) {
+        if (form_ == taylor_form::linear) start_linear();
+    }
 
     index_t length() const { return length_; }
+    // The form of the next step (automatic: quadratic until the fold).
+    taylor_form form() const { return linear_ ? taylor_form::linear : taylor_form::quadratic; }
+    // The length from which the state is linear: a step with length() + T >= crossover() runs
+    // the linear form (0 for form = linear; 2^24 for form = quadratic: never).
+    index_t crossover() const { return crossover_; }
+    // Back to an empty state in the options' form (the cache keeps its allocation).
     void reset() {
-        std::fill(state_.begin(), state_.end(), 0.0f);
         length_ = 0;
+        if (form_ == taylor_form::linear) {
+            std::fill(state_.begin(), state_.end(), 0.0f);
+        } else {
+            std::vector<float>().swap(state_);
+            linear_ = false;
+        }
     }
-    // Bytes of the running state: S and z of every batch item and key/value head, plus the
-    // tokens of the current chunk (fewer than 64) that are not in S yet.
-    std::size_t state_bytes() const { return state_.size() * sizeof(float); }
+    // Bytes held now: the cache (quadratic) or S, z and the current chunk (linear); see above.
+    std::size_t state_bytes() const { return (state_.size() + cache_k_.size() + cache_v_.size()) * sizeof(float); }
 
     template <class Q, class K, class V, class O>
     void step(const Q& q, const K& k, const V& v, O&& out) {
@@ -72,11 +111,20 @@ class taylor_state {
     }
 
    private:
-    // Tokens are taken in segments that end at chunk boundaries (positions multiple of kChunk,
-    // counted from the first token, so the chunks are those of taylor_attention's linear form).
-    // A segment's keys join the pending chunk; its queries read S (the chunks before) and see
-    // the pending chunk up to themselves through the quadratic form; a full chunk enters S,
-    // summed on its own first (per chunk, then added, as the linear kernel does).
+    static void check(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v,
+                      const taylor_options& opts) {
+        detail::taylor::check_state_sizes(batch, heads, heads_kv, dim, dim_v, opts);
+        detail::taylor::check_options(opts, detail::attention_shape{batch, 1, 1, heads, heads_kv, dim, dim_v});
+    }
+
+    index_t items() const { return batch_ * heads_kv_; }
+
+    void start_linear() {
+        // + kLanes: read_row reads whole vectors past the last state row.
+        state_.assign(static_cast<std::size_t>(items() * per_item_ + kLanes), 0.0f);
+        linear_ = true;
+    }
+
     void run(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
              const view<float, 4>& out) {
         const detail::attention_shape s =
@@ -84,12 +132,111 @@ class taylor_state {
         // out may be q itself (every row is read before it is written), nothing else.
         detail::check_attention_memory(q, k, v, out, static_cast<const view<float, 3>*>(nullptr));
         const index_t T = s.len_q;
-        parallel_for(pool_, batch_ * heads_kv_, [&](std::int64_t item) { run_item(q, k, v, out, s, item); });
+        if (form_ == taylor_form::quadratic && length_ + T > detail::taylor::kMaxQuadraticKeys)
+            detail::fail("k: a taylor_state of form quadratic holds at most 2^24 - 1 tokens, got " +
+                         std::to_string(length_) + " + T = " + std::to_string(T) + " in " + shape_string(k));
+        if (!linear_ && length_ + T < crossover_) {
+            quadratic_step(q, k, v, out, T);
+        } else {
+            if (!linear_) fold();
+            parallel_for(pool_, items(), [&](std::int64_t item) { linear_item(q, k, v, out, s, item); });
+        }
         length_ += T;
     }
 
-    void run_item(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
-                  const view<float, 4>& out, const detail::attention_shape& s, index_t item) {
+    // The step's tokens join the cache, then its queries attend to the whole cache as one causal
+    // call (Lq = T, Lk = length + T): the driver and plan of taylor_attention's quadratic form.
+    void quadratic_step(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
+                        const view<float, 4>& out, index_t T) {
+        const index_t D = dim_, Dv = dim_v_, N = length_ + T;
+        reserve(N);
+        for (index_t b = 0; b < batch_; ++b)
+            for (index_t hk = 0; hk < heads_kv_; ++hk) {
+                float* ck = cache_k_.data() + ((b * heads_kv_ + hk) * cap_ + length_) * D;
+                float* cv = cache_v_.data() + ((b * heads_kv_ + hk) * cap_ + length_) * Dv;
+                for (index_t t = 0; t < T; ++t) {
+                    std::copy_n(k.ptr(b, t, hk), D, ck + t * D);
+                    std::copy_n(v.ptr(b, t, hk), Dv, cv + t * Dv);
+                }
+            }
+        detail::basic_attention_problem<float, float> p;
+        p.s = detail::attention_shape{batch_, T, N, heads_, heads_kv_, D, Dv};
+        p.q = detail::rows_of(q);
+        p.k = {cache_k_.data(), heads_kv_ * cap_ * D, D, cap_ * D};
+        p.v = {cache_v_.data(), heads_kv_ * cap_ * Dv, Dv, cap_ * Dv};
+        p.q_scale = scale_;
+        p.causal = true;
+        const index_t G = heads_ / heads_kv_;
+        if (length_ == 0 || T * G > detail::kRowKernelMaxRows<A>) {  // a first step: the call's bits
+            detail::forward_outputs fo;
+            fo.out = out;
+            detail::attention_forward<A>(p, detail::taylor::quadratic_rows{eps_}, fo, pool_);
+            return;
+        }
+        // Decode: too few rows for a tile's lanes; the row walks, one item per key/value head.
+        parallel_for(pool_, items(), [&](std::int64_t item) {
+            detail::row_block rb;
+            rb.b = item / heads_kv_, rb.hk = item % heads_kv_, rb.n_hk = 1, rb.i0 = 0, rb.n_pos = T, rb.group = G;
+            std::vector<float> buf;
+            detail::taylor::quadratic_row_kernel<A>(p, rb, eps_, buf, [&](index_t r, const float* o) {
+                std::copy_n(o, Dv, out.ptr(rb.b, rb.pos(r), rb.head(r)));
+            });
+        });
+    }
+
+    // Room for n tokens per (batch item, key/value head): doubling (amortised O(1) per token),
+    // capped at the most a quadratic state can hold (automatic: crossover - 1, the fold comes
+    // first). The new buffers are filled before they replace the old ones.
+    void reserve(index_t n) {
+        if (n <= cap_) return;
+        const index_t limit =
+            form_ == taylor_form::quadratic ? detail::taylor::kMaxQuadraticKeys : std::max<index_t>(crossover_ - 1, 1);
+        const index_t cap = std::min(std::max({n, 2 * cap_, kChunk}), std::max(limit, n));
+        std::vector<float> nk(static_cast<std::size_t>(items() * cap * dim_));
+        std::vector<float> nv(static_cast<std::size_t>(items() * cap * dim_v_));
+        for (index_t item = 0; item < items(); ++item) {
+            std::copy_n(cache_k_.data() + item * cap_ * dim_, length_ * dim_, nk.data() + item * cap * dim_);
+            std::copy_n(cache_v_.data() + item * cap_ * dim_v_, length_ * dim_v_, nv.data() + item * cap * dim_v_);
+        }
+        cache_k_.swap(nk);
+        cache_v_.swap(nv);
+        cap_ = cap;
+    }
+
+    // Quadratic -> linear: every full chunk of the cache enters S in position order, each summed
+    // on its own and then added (the linear form's update, chunk_step), the rest becomes the
+    // current chunk; the cache is freed.
+    void fold() {
+        std::vector<float> st(static_cast<std::size_t>(items() * per_item_ + kLanes), 0.0f);
+        const index_t D = dim_, Dv = dim_v_, full = length_ / kChunk, rest = length_ - full * kChunk;
+        parallel_for(pool_, items(), [&](std::int64_t item) {
+            float* S = st.data() + per_item_ * item;
+            float* pend_k = S + features_.padded * dvp_;
+            float* pend_v = pend_k + kChunk * D;
+            const float* ck = cache_k_.data() + item * cap_ * D;
+            const float* cv = cache_v_.data() + item * cap_ * Dv;
+            detail::taylor::chunk_buffers<A> cb(D, Dv, kChunk, 0);
+            for (index_t c = 0; c < full; ++c) {
+                const index_t ld = detail::taylor::pack_keys(cb, ck + c * kChunk * D, D, cv + c * kChunk * Dv, Dv, kChunk);
+                detail::taylor::chunk_step<A>(cb, features_, S, 0, ld);
+            }
+            std::copy_n(ck + full * kChunk * D, rest * D, pend_k);
+            std::copy_n(cv + full * kChunk * Dv, rest * Dv, pend_v);
+        });
+        state_.swap(st);
+        std::vector<float>().swap(cache_k_);
+        std::vector<float>().swap(cache_v_);
+        cap_ = 0;
+        linear_ = true;
+    }
+
+    // Linear form. Tokens are taken in segments that end at chunk boundaries (positions multiple
+    // of kChunk, counted from the first token, so the chunks are those of taylor_attention's
+    // linear form). A segment's keys join the current chunk; its queries read S (the chunks
+    // before) and see the current chunk up to themselves through the quadratic form; a full
+    // chunk enters S, summed on its own first (per chunk, then added, as the linear kernel does).
+    void linear_item(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
+                     const view<float, 4>& out, const detail::attention_shape& s, index_t item) {
         constexpr index_t RT = detail::tile_traits<A>::kTileRows;
         const index_t b = item / heads_kv_, hk = item % heads_kv_, G = s.group(), D = dim_, Dv = dim_v_;
         float* S = state_.data() + per_item_ * item;
@@ -132,7 +279,7 @@ class taylor_state {
             auto state_part = [&](index_t r) {
                 return panels ? num + (r / RT) * dvp_ * RT + r % RT : num + r * stride_r;
             };
-            // The pending chunk through the quadratic form: its keys [0, n_pend + seg) against
+            // The current chunk through the quadratic form: its keys [0, n_pend + seg) against
             // the segment's queries, bottom-right causal.
             detail::basic_attention_problem<float, float> p;
             p.s = detail::attention_shape{batch_, seg, n_pend + seg, heads_, heads_kv_, D, Dv};
@@ -162,9 +309,14 @@ class taylor_state {
     index_t batch_, heads_, heads_kv_, dim_, dim_v_;
     float scale_, eps_;
     thread_pool* pool_;
+    taylor_form form_;
+    index_t crossover_;
     detail::taylor::feature_table features_;
     index_t dvp_, per_item_;
-    std::vector<float> state_;
+    bool linear_ = false;
+    std::vector<float> state_;             // linear: per item S [padded][dvp], current chunk's K, V
+    std::vector<float> cache_k_, cache_v_;  // quadratic: per item [cap][D], [cap][Dv]
+    index_t cap_ = 0;
     index_t length_ = 0;
 };
 

@@ -1,0 +1,81 @@
+// The cost model behind taylor_form::automatic (taylor_attention.hpp documents the constants and
+// the measured crossovers): taylor_attention picks a form per call, taylor_state folds its
+// cached tokens into the linear state at the causal crossover length of its shapes.
+#pragma once
+
+#include <algorithm>
+
+#include "attnkit/detail/check.hpp"
+#include "attnkit/detail/taylor/linear.hpp"
+#include "attnkit/options.hpp"
+
+namespace attnkit {
+namespace detail {
+namespace taylor {
+
+// Effective FLOP rates of each form, in GFLOP/s of its own arithmetic (see taylor_attention.hpp):
+// medians of bench/taylor_attention_bench at B = 1, H = 8, 1 thread, L = 2048..8192,
+// D = 64 and 128 (quadratic 74-80, linear 67-74; the ratio is what matters).
+constexpr double kQuadraticGflops = 78.0;
+constexpr double kLinearGflops = 68.0;
+
+// Mask bounds are compared to key indices in float lanes, exact below 2^24 (as softmax): the
+// most keys one quadratic-form call (or a quadratic taylor_state) may hold.
+constexpr index_t kMaxQuadraticKeys = (index_t(1) << 24) - 1;
+
+// Visible (query, key) pairs of one batch item's query head: row i sees min(len, i + Lk - Lq + 1)
+// keys when causal (at least 0), len otherwise.
+inline double visible_pairs(index_t len_q, index_t len_k, index_t len, bool causal) {
+    if (!causal) return static_cast<double>(len_q) * static_cast<double>(len);
+    // n_i = clamp(i + a, 0, len), i in [0, Lq), a = Lk - Lq + 1: a ramp, then a plateau at len.
+    const double a = static_cast<double>(len_k - len_q + 1), L = static_cast<double>(len);
+    double sum = 0.0;
+    const double x0 = std::max(a, 1.0), x1 = std::min(a + static_cast<double>(len_q) - 1.0, L);  // ramp x in [x0, x1]
+    if (x1 >= x0) sum += (x0 + x1) * (x1 - x0 + 1.0) / 2.0;
+    const double plateau_from = std::max(a, L + 1.0), last = a + static_cast<double>(len_q) - 1.0;
+    if (last >= plateau_from) sum += (last - plateau_from + 1.0) * L;
+    return sum;
+}
+
+inline taylor_form choose_form(const attention_shape& s, const taylor_options& o) {
+    double pairs = 0.0;
+    for (index_t b = 0; b < s.batch; ++b) {
+        const index_t len = o.key_lengths.empty() ? s.len_k : static_cast<index_t>(o.key_lengths[b]);
+        pairs += visible_pairs(s.len_q, s.len_k, len, o.causal);
+    }
+    pairs *= static_cast<double>(s.heads);
+    const double D = static_cast<double>(s.dim), Dv = static_cast<double>(s.dim_v);
+    const double F = 1.0 + D + D * (D + 1.0) / 2.0;
+    const double rows = static_cast<double>(s.batch) *
+                        (static_cast<double>(s.len_q * s.heads) + static_cast<double>(s.len_k * s.heads_k));
+    const double local = o.causal ? static_cast<double>(s.batch * s.len_q * s.heads) * (kChunk / 2.0) : 0.0;
+    const double t_quad = 2.0 * pairs * (D + Dv) / kQuadraticGflops;
+    const double t_lin = 2.0 * rows * F * (Dv + 1.0) / kLinearGflops + 2.0 * local * (D + Dv) / kQuadraticGflops;
+    return t_lin < t_quad ? taylor_form::linear : taylor_form::quadratic;
+}
+
+// The causal crossover of a state's shapes: the smallest L for which automatic picks the linear
+// form for a causal call with Lq = Lk = L (the batch size cancels out of the model), at most
+// kMaxQuadraticKeys. The quadratic cost grows as L^2 and the linear one as L, so the choice
+// changes once: a bisection finds the point.
+inline index_t causal_crossover(index_t heads, index_t heads_kv, index_t dim, index_t dim_v) {
+    taylor_options o;
+    o.causal = true;
+    const auto linear_at = [&](index_t L) {
+        return choose_form(attention_shape{1, L, L, heads, heads_kv, dim, dim_v}, o) == taylor_form::linear;
+    };
+    index_t lo = 1, hi = kMaxQuadraticKeys;
+    if (!linear_at(hi)) return hi;
+    while (lo < hi) {
+        const index_t mid = lo + (hi - lo) / 2;
+        if (linear_at(mid))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+}  // namespace taylor
+}  // namespace detail
+}  // namespace attnkit
