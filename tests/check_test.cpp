@@ -5,6 +5,8 @@
 // same signatures (e.g. the fast kernel), include its header and add it to entry_points:
 //     ATTNKIT_ENTRY_POINT(fast, attnkit::softmax_attention)
 //     using entry_points = ::testing::Types<reference, fast>;
+#include "attnkit/model/rms_norm.hpp"
+#include "attnkit/model/rope.hpp"
 #include "attnkit/mta_attention.hpp"
 #include "attnkit/reference/softmax_attention.hpp"
 #include "attnkit/self_gating_attention.hpp"
@@ -447,6 +449,28 @@ TEST(check_test_mta, out_overlapping_an_input_is_rejected) {
     st.step(q, k, v, q);
     EXPECT_EQ(l, st.length());
     EXPECT_TRUE(all_close(q, make_bshd(b, l, h, d, 1.0f), 1e-6, 1e-6));
+}
+
+// Float options in messages print in shortest form (detail::number), never std::to_string's six
+// fixed decimals ("-0.000000" for -1e-40).
+TEST(check_test_numbers, float_options_print_in_shortest_form) {
+    const tensor4<float> q = make_bshd(1, 3, 2, 4, 0.5f);
+    tensor4<float> out = make_bshd(1, 3, 2, 4, kSentinel);
+    attnkit::mta_options o;
+    o.norm_eps = -1e-40f;
+    expect_invalid([&] { attnkit::mta_attention(q, q, q, out, o); }, "opts.norm_eps: expected a finite value > 0, got -1e-40");
+    attnkit::model::rope_options r;
+    r.theta = 1e-40f;
+    expect_invalid([&] { attnkit::model::rope(out, r); }, "opts.theta: expected a finite value > 1, got 1e-40");
+    Eigen::Tensor<float, 2, Eigen::RowMajor> x(3, 4), y(3, 4);
+    Eigen::Tensor<float, 1, Eigen::RowMajor> w(4);
+    x.setConstant(1.0f), y.setConstant(kSentinel), w.setConstant(1.0f);
+    expect_invalid([&] { attnkit::model::rms_norm(x, w, y, -1e-40f); }, "eps: expected a finite value > 0, got -1e-40");
+    EXPECT_TRUE(all_equal_to(y, kSentinel));
+    attnkit::taylor_options t;
+    t.eps = -1e-40f;
+    expect_invalid([&] { attnkit::taylor_attention(q, q, q, out, t); }, "opts.eps: expected a finite value >= 0, got -1e-40");
+    EXPECT_TRUE(all_equal_to(out, kSentinel));
 }
 
 }  // namespace

@@ -77,7 +77,7 @@ void rms_norm_impl(const X& x_in, const Wt& w_in, O&& out_in, float eps, thread_
     if (out.dims != x.dims)
         attnkit::detail::fail("out: expected the shape of x " + shape_string(x) + ", got " + shape_string(out));
     if (!(eps > 0.0f) || !std::isfinite(eps))
-        attnkit::detail::fail("eps: expected a finite value > 0, got " + std::to_string(eps));
+        attnkit::detail::fail("eps: expected a finite value > 0, got " + attnkit::detail::number(eps));
     // out = x (the same view) is in place; any other overlap with x, the weight or itself would
     // normalise rows twice or race between threads.
     attnkit::detail::check_outputs_apart(

@@ -45,7 +45,7 @@ void rope(X&& x_in, const rope_options& o = {}) {
     const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2], D = x.dims[3];
     if (D % 2 != 0) attnkit::detail::fail("x: the head dim must be even for rotate-half RoPE, got " + shape_string(x));
     if (!(o.theta > 1.0f) || !std::isfinite(o.theta))
-        attnkit::detail::fail("opts.theta: expected a finite value > 1, got " + std::to_string(o.theta));
+        attnkit::detail::fail("opts.theta: expected a finite value > 1, got " + attnkit::detail::number(o.theta));
     if (o.position_offset < 0)
         attnkit::detail::fail("opts.position_offset: expected >= 0, got " + std::to_string(o.position_offset));
     if (L > 0 && o.position_offset > std::numeric_limits<std::int64_t>::max() - L)

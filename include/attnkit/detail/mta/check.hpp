@@ -63,11 +63,11 @@ inline shape check_options(const mta_options& o, const attention_shape& s) {
     check_vector("opts.norm_weight", o.norm_weight, s.dim_v);
     check_vector("opts.gate_weight", o.gate_weight, s.dim_v);
     if (!std::isfinite(o.norm_eps) || !(o.norm_eps > 0.0f))
-        fail("opts.norm_eps: expected a finite value > 0, got " + std::to_string(o.norm_eps));
+        fail("opts.norm_eps: expected a finite value > 0, got " + number(o.norm_eps));
     if (o.norm_layer < -1)
         fail("opts.norm_layer: expected -1 (no depth scale) or a layer index >= 0, got " +
              std::to_string(o.norm_layer));
-    if (!std::isfinite(o.gate_bias)) fail("opts.gate_bias: expected a finite value, got " + std::to_string(o.gate_bias));
+    if (!std::isfinite(o.gate_bias)) fail("opts.gate_bias: expected a finite value, got " + number(o.gate_bias));
     return r;
 }
 
