@@ -1,11 +1,12 @@
 // detail/gemm.hpp: the packed GEMM against plain double loops on sizes around the register
 // tile's edges (kMR rows x kNR columns of the arch under test: 6 x 16 on AVX2, 12 x 32 on
-// AVX-512, 6 x 8 on SSE2) and the cache blocks (K pieces of <= 256, M slices of <= 144, N slices
-// of <= 4096), on the default arch and on the portable scalar path; strided operands (row
-// strides > cols, column slices), the accumulate mode, an empty inner dimension, non-finite
-// values staying in their own rows and columns (edge tiles compute padded rows and columns that
-// must never leak), and the block grid: bitwise identical for any thread count, any pool and
-// any grid.
+// AVX-512, 6 x 8 on SSE2) and the cache blocks (K pieces of <= 256, M slices of <= 144 and N
+// slices of <= 4096 up to 16 columns per tile; K pieces of 128 and M slices of 288 on AVX-512),
+// the few-row paths (1 to kMR rows read B unpacked), on the default arch and on the portable
+// scalar path; strided operands (row strides > cols, column slices), the accumulate mode, an
+// empty inner dimension, non-finite values staying in their own rows and columns (edge tiles
+// compute padded rows and columns that must never leak), and the block grid: bitwise identical
+// for any thread count, any pool and any grid.
 #include <gtest/gtest.h>
 
 #include <attnkit/detail/gemm.hpp>

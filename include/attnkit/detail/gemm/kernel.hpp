@@ -6,6 +6,9 @@
 // small L1 buffer, which the epilogue here stores into C or adds to it. That extra pass is kMR
 // x kNR / W vector loads and stores against kc x kMR x kNR / W FMAs (1/128 of them at kc = 256)
 // and it makes every edge tile the same full-size kernel with a partial store.
+//
+// Products of at most kMR rows (decode steps) skip the packing: gemm_one_row and gemm_few_rows
+// read B in place, with the same FMA chains, so a row's bits do not depend on the path.
 #pragma once
 
 #include <algorithm>
