@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/compare.hpp"
+#include "common/mta_inputs.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
 
@@ -330,82 +331,15 @@ TEST(head_matrix, block_diagonal_of_transposed_blocks) {
 
 // ---- bad input --------------------------------------------------------------------------------
 
-// Runs the oracle with one option changed and expects std::invalid_argument whose message names
-// `what`, with the output left untouched.
-template <class Q, class K, class V>
-void expect_rejects(const Q& q, const K& k, const V& v, const mta_options& o, const std::string& what, index_t Dv) {
-    tensor4<float> out = make_bshd<float>(q.dimension(0), q.dimension(1), q.dimension(2), Dv, 7.0f);
-    try {
-        attnkit::reference::mta_attention(q, k, v, out, o);
-        ADD_FAILURE() << "accepted bad " << what;
-    } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-    EXPECT_TRUE(all_equal_to(out, 7.0f)) << what;
-}
-
+// Every bad option and shape of common/mta_inputs.hpp (the kernel's test runs the same cases),
+// and an out of the wrong shape.
 TEST(bad_input, every_rejected_argument) {
-    const index_t L = 5, H = 4, D = 3, Dv = 2;
-    const auto q = random_bshd(1, L, H, D, distribution::uniform, 60);
-    const auto k = random_bshd(1, L, 2, D, distribution::uniform, 61);
-    const auto v = random_bshd(1, L, 2, Dv, distribution::uniform, 62);
-    const tensor4<float> wrong_heads = identity_kernel(2, 1, 3, 3), bad_group = zeros4(4, 3, 3, 3),
-                         even_ck = zeros4(4, 1, 3, 4), zero_cq = zeros4(4, 1, 0, 3), zero_ck = zeros4(4, 1, 1, 0);
-    const tensor2 not_square(4, 3), wrong_h(3, 3);
-    const tensor1 wrong_dv(3);
-    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-    for (const tensor4<float>* t : {&wrong_heads, &bad_group, &even_ck, &zero_cq, &zero_ck}) {
-        mta_options o;
-        o.kq_pre = *t;
-        expect_rejects(q, k, v, o, "opts.kq_pre", Dv);
-        mta_options p;
-        p.kq_post = *t;
-        expect_rejects(q, k, v, p, "opts.kq_post", Dv);
-    }
-    for (const tensor2* t : {&not_square, &wrong_h}) {
-        mta_options o;
-        o.head_pre = *t;
-        expect_rejects(q, k, v, o, "opts.head_pre", Dv);
-        mta_options p;
-        p.head_post = *t;
-        expect_rejects(q, k, v, p, "opts.head_post", Dv);
-    }
-    {
-        mta_options o;
-        o.norm_weight = wrong_dv;
-        expect_rejects(q, k, v, o, "opts.norm_weight", Dv);
-        mta_options p;
-        p.gate_weight = wrong_dv;
-        expect_rejects(q, k, v, p, "opts.gate_weight", Dv);
-    }
-    for (float eps : {0.0f, -1e-5f, nan, inf}) {
-        mta_options o;
-        o.norm_eps = eps;
-        expect_rejects(q, k, v, o, "opts.norm_eps", Dv);
-    }
-    {
-        mta_options o;
-        o.norm_layer = -2;
-        expect_rejects(q, k, v, o, "opts.norm_layer", Dv);
-        mta_options g;
-        g.gate_bias = nan;
-        expect_rejects(q, k, v, g, "opts.gate_bias", Dv);
-        mta_options s;
-        s.scale = -1.0f;
-        expect_rejects(q, k, v, s, "opts.scale", Dv);
-    }
-    // Softmax's own checks: Lq != Lk, H % Hk, shape mismatches.
-    const auto k_short = random_bshd(1, L - 1, 2, D, distribution::uniform, 63);
-    const auto v_short = random_bshd(1, L - 1, 2, Dv, distribution::uniform, 64);
-    expect_rejects(q, k_short, v_short, {}, "Lq == Lk", Dv);
-    const auto k3 = random_bshd(1, L, 3, D, distribution::uniform, 65);
-    const auto v3 = random_bshd(1, L, 3, Dv, distribution::uniform, 66);
-    expect_rejects(q, k3, v3, {}, "multiple of key heads", Dv);
-    const auto v_bad = random_bshd(1, L, 2, Dv, distribution::uniform, 67);
-    const auto k_bad_d = random_bshd(1, L, 2, D + 1, distribution::uniform, 68);
-    expect_rejects(q, k_bad_d, v_bad, {}, "k: expected shape", Dv);
-    tensor4<float> out_bad = make_bshd<float>(1, L, H, Dv + 1, 7.0f);
-    EXPECT_THROW(attnkit::reference::mta_attention(q, k, v, out_bad, {}), std::invalid_argument);
+    const mta_bad_inputs bad;
+    bad.expect_all_rejected([](const auto& q, const auto& k, const auto& v, auto& out, const auto& o) {
+        attnkit::reference::mta_attention(q, k, v, out, o);
+    });
+    tensor4<float> out_bad = make_bshd<float>(1, bad.kL, bad.kH, bad.kDv + 1, 7.0f);
+    EXPECT_THROW(attnkit::reference::mta_attention(bad.q, bad.k, bad.v, out_bad, {}), std::invalid_argument);
     EXPECT_TRUE(all_equal_to(out_bad, 7.0f));
 }
 
