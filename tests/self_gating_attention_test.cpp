@@ -483,28 +483,38 @@ TEST(SelfGating, OutputOverlappingAnInputThrowsBeforeWriting) {
     }
 }
 
+// Option sets of the sweeps below: causal off and on, each run inline and on `pool`.
+std::vector<self_gating_options> causal_inline_and_pooled(attnkit::thread_pool* pool) {
+    std::vector<self_gating_options> r;
+    for (bool causal : {false, true})
+        for (attnkit::thread_pool* tp : {static_cast<attnkit::thread_pool*>(nullptr), pool}) {
+            self_gating_options o;
+            o.causal = causal;
+            o.pool = tp;
+            r.push_back(o);
+        }
+    return r;
+}
+
 TEST(SelfGating, OutEqualToQInPlaceMatches) {
     const index_t B = 2, L = 333, H = 4, Hk = 2, D = 2 * W + 1;
     const tensor4<float> q = random_bshd(B, L, H, D, distribution::gaussian, 73);
     const tensor4<float> k = random_bshd(B, L, Hk, D, distribution::gaussian, 74);
     const tensor4<float> v = random_bshd(B, L, Hk, D, distribution::gaussian, 75);
     attnkit::thread_pool pool(3);
-    for (bool causal : {false, true})
-        for (attnkit::thread_pool* tp : {static_cast<attnkit::thread_pool*>(nullptr), &pool}) {
-            self_gating_options o;
-            o.causal = causal;
-            o.pool = tp;
-            const tensor4<float> want = run_fast(q, k, v, o);
-            tensor4<float> x = q;
-            attnkit::self_gating_attention(x, k, v, x, o);
-            EXPECT_TRUE(bitwise_equal(x, want)) << causal;
-            attnkit::self_gating_state st(B, H, Hk, D, D, o);
-            tensor4<float> y = q;
-            if (causal) {
-                st.step(y, k, v, y);
-                EXPECT_TRUE(bitwise_equal(y, want));
-            }
+    for (const self_gating_options& o : causal_inline_and_pooled(&pool)) {
+        const bool causal = o.causal;
+        const tensor4<float> want = run_fast(q, k, v, o);
+        tensor4<float> x = q;
+        attnkit::self_gating_attention(x, k, v, x, o);
+        EXPECT_TRUE(bitwise_equal(x, want)) << causal;
+        attnkit::self_gating_state st(B, H, Hk, D, D, o);
+        tensor4<float> y = q;
+        if (causal) {
+            st.step(y, k, v, y);
+            EXPECT_TRUE(bitwise_equal(y, want));
         }
+    }
 }
 
 TEST(SelfGatingState, StepWithOutputOverAnInputThrowsAndChangesNothing) {
@@ -591,24 +601,21 @@ TEST(SelfGating, MinusInfGateWeighsZero) {
         k(0, j, 0, 0) = -std::numeric_limits<float>::infinity();
     }
     attnkit::thread_pool pool(3);
-    for (bool causal : {false, true})
-        for (attnkit::thread_pool* tp : {static_cast<attnkit::thread_pool*>(nullptr), &pool}) {
-            self_gating_options o;
-            o.causal = causal;
-            o.pool = tp;
-            const tensor4<double> want = run_reference(q, k, v, o);
-            const tensor4<float> got = run_fast(q, k, v, o);
-            for (index_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(got.data()[i])) << i << " " << causal;
-            EXPECT_TRUE(all_close(got, want, 1e-5, 1e-6)) << causal;
-            if (causal) {
-                attnkit::self_gating_state st(1, H, H, D, Dv, o);
-                tensor4<float> a = make_bshd<float>(1, 1, H, Dv, kNaN), rest = make_bshd<float>(1, L - 1, H, Dv, kNaN);
-                st.step(rows(q, 0, 1), rows(k, 0, 1), rows(v, 0, 1), a);
-                st.step(rows(q, 1, L - 1), rows(k, 1, L - 1), rows(v, 1, L - 1), rest);
-                EXPECT_TRUE(all_close(a, rows(want, 0, 1), 1e-5, 1e-6));
-                EXPECT_TRUE(all_close(rest, rows(want, 1, L - 1), 1e-5, 1e-6));
-            }
+    for (const self_gating_options& o : causal_inline_and_pooled(&pool)) {
+        const bool causal = o.causal;
+        const tensor4<double> want = run_reference(q, k, v, o);
+        const tensor4<float> got = run_fast(q, k, v, o);
+        for (index_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(got.data()[i])) << i << " " << causal;
+        EXPECT_TRUE(all_close(got, want, 1e-5, 1e-6)) << causal;
+        if (causal) {
+            attnkit::self_gating_state st(1, H, H, D, Dv, o);
+            tensor4<float> a = make_bshd<float>(1, 1, H, Dv, kNaN), rest = make_bshd<float>(1, L - 1, H, Dv, kNaN);
+            st.step(rows(q, 0, 1), rows(k, 0, 1), rows(v, 0, 1), a);
+            st.step(rows(q, 1, L - 1), rows(k, 1, L - 1), rows(v, 1, L - 1), rest);
+            EXPECT_TRUE(all_close(a, rows(want, 0, 1), 1e-5, 1e-6));
+            EXPECT_TRUE(all_close(rest, rows(want, 1, L - 1), 1e-5, 1e-6));
         }
+    }
 }
 
 }  // namespace
