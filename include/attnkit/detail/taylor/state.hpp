@@ -24,7 +24,7 @@
 // frees the cache and runs linear from then on. form = linear: linear from the first token;
 // form = quadratic: never folds (at most 2^24 - 1 tokens, as the quadratic form).
 // The crossover is the prefill's: decode steps just below it read a cache larger than S (one
-// thread, D = 64, H = 8: 0.073 ms at 512 tokens, 1.70 ms at 4096, the linear state 0.25 ms).
+// thread, D = 64, H = 8: 0.12 ms at 512 tokens, 0.45 at 2048, 1.4-1.6 at 4096; linear 0.24 ms).
 //
 // Memory per batch item and key/value head (state_bytes(): what is allocated now): quadratic
 // 4 (D + Dv) bytes per token, capacity at most crossover() - 1 tokens (D = Dv = 64: 512 B per
@@ -54,6 +54,7 @@
 #include "attnkit/detail/taylor/linear.hpp"
 #include "attnkit/detail/taylor/quadratic.hpp"
 #include "attnkit/detail/taylor/quadratic_rows_kernel.hpp"
+#include "attnkit/detail/taylor/token_cache.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "attnkit/view.hpp"
@@ -76,7 +77,7 @@ class taylor_state {
                                                            : detail::taylor::causal_crossover(heads, heads_kv, dim, dim_v)),
           features_(dim, detail::tile_traits<A>::kMR),
           dvp_(detail::taylor::chunk_buffers<A>(dim, dim_v, 0, 0).dvp),
-          per_item_(features_.padded * dvp_ + kChunk * (dim + dim_v)) {
+          per_item_(features_.padded * dvp_ + kChunk * (dim + dim_v)), cache_(batch, heads_kv, dim, dim_v) {
         if (form_ == taylor_form::linear) start_linear();
     }
 
@@ -97,7 +98,7 @@ class taylor_state {
         }
     }
     // Bytes held now: the cache (quadratic) or S, z and the current chunk (linear); see above.
-    std::size_t state_bytes() const { return (state_.size() + cache_k_.size() + cache_v_.size()) * sizeof(float); }
+    std::size_t state_bytes() const { return state_.size() * sizeof(float) + cache_.bytes(); }
 
     template <class Q, class K, class V, class O>
     void step(const Q& q, const K& k, const V& v, O&& out) {
@@ -146,27 +147,21 @@ class taylor_state {
 
     // The step's tokens join the cache, then its queries attend to the whole cache as one causal
     // call (Lq = T, Lk = length + T): the driver and plan of taylor_attention's quadratic form.
+    // The cache's limit: the most a quadratic state holds (automatic: crossover - 1, the fold
+    // comes first).
     void quadratic_step(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
                         const view<float, 4>& out, index_t T) {
-        const index_t D = dim_, Dv = dim_v_, N = length_ + T;
-        reserve(N);
-        for (index_t b = 0; b < batch_; ++b)
-            for (index_t hk = 0; hk < heads_kv_; ++hk) {
-                float* ck = cache_k_.data() + ((b * heads_kv_ + hk) * cap_ + length_) * D;
-                float* cv = cache_v_.data() + ((b * heads_kv_ + hk) * cap_ + length_) * Dv;
-                for (index_t t = 0; t < T; ++t) {
-                    std::copy_n(k.ptr(b, t, hk), D, ck + t * D);
-                    std::copy_n(v.ptr(b, t, hk), Dv, cv + t * Dv);
-                }
-            }
+        const index_t D = dim_, Dv = dim_v_, N = length_ + T, G = heads_ / heads_kv_;
+        cache_.reserve(N, length_, kChunk,
+                       form_ == taylor_form::quadratic ? detail::taylor::kMaxQuadraticKeys : crossover_ - 1);
+        cache_.append(k, v, length_);
         detail::basic_attention_problem<float, float> p;
         p.s = detail::attention_shape{batch_, T, N, heads_, heads_kv_, D, Dv};
         p.q = detail::rows_of(q);
-        p.k = {cache_k_.data(), heads_kv_ * cap_ * D, D, cap_ * D};
-        p.v = {cache_v_.data(), heads_kv_ * cap_ * Dv, Dv, cap_ * Dv};
+        p.k = cache_.k_rows();
+        p.v = cache_.v_rows();
         p.q_scale = scale_;
         p.causal = true;
-        const index_t G = heads_ / heads_kv_;
         if (length_ == 0 || T * G > detail::kRowKernelMaxRows<A>) {  // a first step: the call's bits
             detail::forward_outputs fo;
             fo.out = out;
@@ -184,25 +179,6 @@ class taylor_state {
         });
     }
 
-    // Room for n tokens per (batch item, key/value head): doubling (amortised O(1) per token),
-    // capped at the most a quadratic state can hold (automatic: crossover - 1, the fold comes
-    // first). The new buffers are filled before they replace the old ones.
-    void reserve(index_t n) {
-        if (n <= cap_) return;
-        const index_t limit =
-            form_ == taylor_form::quadratic ? detail::taylor::kMaxQuadraticKeys : std::max<index_t>(crossover_ - 1, 1);
-        const index_t cap = std::min(std::max({n, 2 * cap_, kChunk}), std::max(limit, n));
-        std::vector<float> nk(static_cast<std::size_t>(items() * cap * dim_));
-        std::vector<float> nv(static_cast<std::size_t>(items() * cap * dim_v_));
-        for (index_t item = 0; item < items(); ++item) {
-            std::copy_n(cache_k_.data() + item * cap_ * dim_, length_ * dim_, nk.data() + item * cap * dim_);
-            std::copy_n(cache_v_.data() + item * cap_ * dim_v_, length_ * dim_v_, nv.data() + item * cap * dim_v_);
-        }
-        cache_k_.swap(nk);
-        cache_v_.swap(nv);
-        cap_ = cap;
-    }
-
     // Quadratic -> linear: every full chunk of the cache enters S in position order, each summed
     // on its own and then added (the linear form's update, chunk_step), the rest becomes the
     // current chunk; the cache is freed.
@@ -213,8 +189,8 @@ class taylor_state {
             float* S = st.data() + per_item_ * item;
             float* pend_k = S + features_.padded * dvp_;
             float* pend_v = pend_k + kChunk * D;
-            const float* ck = cache_k_.data() + item * cap_ * D;
-            const float* cv = cache_v_.data() + item * cap_ * Dv;
+            const float* ck = cache_.k(item);
+            const float* cv = cache_.v(item);
             detail::taylor::chunk_buffers<A> cb(D, Dv, kChunk, 0);
             for (index_t c = 0; c < full; ++c) {
                 const index_t ld = detail::taylor::pack_keys(cb, ck + c * kChunk * D, D, cv + c * kChunk * Dv, Dv, kChunk);
@@ -224,9 +200,7 @@ class taylor_state {
             std::copy_n(cv + full * kChunk * Dv, rest * Dv, pend_v);
         });
         state_.swap(st);
-        std::vector<float>().swap(cache_k_);
-        std::vector<float>().swap(cache_v_);
-        cap_ = 0;
+        cache_.release();
         linear_ = true;
     }
 
@@ -315,8 +289,7 @@ class taylor_state {
     index_t dvp_, per_item_;
     bool linear_ = false;
     std::vector<float> state_;             // linear: per item S [padded][dvp], current chunk's K, V
-    std::vector<float> cache_k_, cache_v_;  // quadratic: per item [cap][D], [cap][Dv]
-    index_t cap_ = 0;
+    detail::taylor::token_cache cache_;    // quadratic: the tokens' K and V
     index_t length_ = 0;
 };
 
