@@ -46,6 +46,14 @@ constexpr index_t kRowScoreKeys = 8;
 template <class A, class T>
 constexpr bool kPairOrder = std::is_same<T, Eigen::bfloat16>::value && !std::is_same<A, simd::scalar_arch>::value;
 
+// bfloat16 keys on AVX-512 BF16: scores by vdpbf16ps on the keys as stored (simd::dot_bf16x3),
+// the queries split into bfloat16 parts beside their float rows; the queries then stay in
+// natural order (pair order remains for the values).
+template <class A, class T>
+constexpr bool kDotBf16 = std::is_same<T, Eigen::bfloat16>::value && simd::kBf16Dot<A>;
+template <class A, class T>
+constexpr bool kPairOrderQ = kPairOrder<A, T> && !kDotBf16<A, T>;
+
 // Where element c of an n-element row sits in pair order.
 template <class A>
 inline index_t pair_pos(index_t c, index_t n) {
@@ -56,17 +64,23 @@ inline index_t pair_pos(index_t c, index_t n) {
 }
 
 // out[u * out_stride] = <q, k_u> (k_u = k + u * k_stride) for kRowScoreKeys keys at once:
-// independent accumulators hide FMA latency and one q load feeds them all.
+// independent accumulators hide FMA latency and one q load feeds them all. qx: q's
+// simd::split_bf16x3 parts when kDotBf16<A, T> (else unused).
 template <class A, class T>
-ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const T* k, index_t k_stride, index_t dim, float* out,
-                                      index_t out_stride) {
+ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const Eigen::bfloat16* qx, const T* k, index_t k_stride,
+                                      index_t dim, float* out, index_t out_stride) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     constexpr index_t KG = kRowScoreKeys;
     V acc[KG];
     for (index_t u = 0; u < KG; ++u) acc[u] = V(0.0f);
     index_t d = 0;
-    if constexpr (kPairOrder<A, T>) {
+    if constexpr (kDotBf16<A, T>) {
+        for (; d + 2 * W <= dim; d += 2 * W) {
+#pragma GCC unroll 16
+            for (index_t u = 0; u < KG; ++u) acc[u] = simd::dot_bf16x3<A>(acc[u], qx + 3 * d, k + u * k_stride + d);
+        }
+    } else if constexpr (kPairOrder<A, T>) {
         for (; d + 2 * W <= dim; d += 2 * W) {
             const V qe = simd::loadu<A>(q + d), qo = simd::loadu<A>(q + d + W);
 #pragma GCC unroll 16
@@ -99,12 +113,14 @@ ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const T* k, index_t k_stri
 }
 
 template <class A, class T>
-ATTNKIT_ALWAYS_INLINE float score_key(const float* q, const T* k, index_t dim) {
+ATTNKIT_ALWAYS_INLINE float score_key(const float* q, const Eigen::bfloat16* qx, const T* k, index_t dim) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     V a(0.0f);
     index_t d = 0;
-    if constexpr (kPairOrder<A, T>) {
+    if constexpr (kDotBf16<A, T>) {
+        for (; d + 2 * W <= dim; d += 2 * W) a = simd::dot_bf16x3<A>(a, qx + 3 * d, k + d);
+    } else if constexpr (kPairOrder<A, T>) {
         for (; d + 2 * W <= dim; d += 2 * W) {
             V e, o;
             simd::load_bf16_pairs<A>(k + d, e, o);
@@ -202,15 +218,19 @@ void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1,
     float* qs = buf.data();
     float* o = qs + R * Dp;
     float* sc = o + R * Dv;  // scores, then probabilities, of the current block: [R][BK]
+    const index_t D2 = D / (2 * W) * (2 * W);  // whole chunks of simd::split_bf16x3
+    std::vector<Eigen::bfloat16> qx(kDotBf16<A, KT> ? static_cast<std::size_t>(R * 3 * D2) : 0);
+    auto qx_row = [&](index_t r) { return kDotBf16<A, KT> ? qx.data() + r * 3 * D2 : nullptr; };
 
     const mask_params mp = p.mask(rb.b);
     index_t min_lo = ks1, max_hi = ks0;
     for (index_t r = 0; r < R; ++r) {
         const auto* qr = p.q.row(rb.b, rb.pos(r), rb.head(r));
         for (index_t d = 0; d < D; ++d) {
-            const index_t at = kPairOrder<A, KT> ? pair_pos<A>(d, D) : d;
+            const index_t at = kPairOrderQ<A, KT> ? pair_pos<A>(d, D) : d;
             qs[r * Dp + at] = simd::to_float(qr[d]) * p.q_scale;
         }
+        if constexpr (kDotBf16<A, KT>) simd::split_bf16x3<A>(qs + r * Dp, D2, qx.data() + r * 3 * D2);
         row_interval(mp, rb.pos(r), ks0, ks1, lo[r], hi[r]);
         if (lo[r] < hi[r]) {
             min_lo = std::min(min_lo, lo[r]);
@@ -232,14 +252,14 @@ void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1,
             for (index_t h = 0; h < rb.n_hk; ++h) {
                 const KT* kr = k0 + (j0 + t) * ksl + h * ksh;
                 for (index_t r = h * RH; r < (h + 1) * RH; ++r)
-                    if (active(r)) score_keys<A>(qs + r * Dp, kr, sj * ksl, D, sc + r * BK + t, sj);
+                    if (active(r)) score_keys<A>(qs + r * Dp, qx_row(r), kr, sj * ksl, D, sc + r * BK + t, sj);
             }
         }
         for (index_t j = sj * KG; j < nk; ++j)
             for (index_t h = 0; h < rb.n_hk; ++h) {
                 const KT* kr = k0 + (j0 + j) * ksl + h * ksh;
                 for (index_t r = h * RH; r < (h + 1) * RH; ++r)
-                    if (active(r)) sc[r * BK + j] = score_key<A>(qs + r * Dp, kr, D);
+                    if (active(r)) sc[r * BK + j] = score_key<A>(qs + r * Dp, qx_row(r), kr, D);
             }
 
         // Online softmax per row over the block.
