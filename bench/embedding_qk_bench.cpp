@@ -9,9 +9,9 @@
 //                  layer's product halved over the two threads)
 // Counters: FLOP/s = 2 L d_model 43008 per call, cpu_peak_frac = the same over process CPU
 // time / the per-thread peak (for shared machines), peak_frac = FLOP/s / (measured FMA peak per
-// thread x threads). Memory: about 1 GiB (run under the benchmark lock).
+// thread x threads). Memory: about 1 GiB.
 //
-//   flock /tmp/attnkit-bench.lock ./attnkit_embedding_qk_bench --benchmark_repetitions=3
+//   ./attnkit_embedding_qk_bench --benchmark_repetitions=3
 //       --benchmark_min_time=0.1 --benchmark_display_aggregates_only=true
 #include <algorithm>
 #include <cmath>

@@ -15,7 +15,7 @@
 // when other processes share the cores),
 // peak_frac = FLOP/s / (measured FMA peak per thread x threads), from common/bench_main.hpp.
 //
-//   flock /tmp/attnkit-bench.lock ./attnkit_gated_mlp_bench --benchmark_repetitions=3
+//   ./attnkit_gated_mlp_bench --benchmark_repetitions=3
 //       --benchmark_min_time=0.1 --benchmark_display_aggregates_only=true
 #include <algorithm>
 #include <cmath>

@@ -9,7 +9,7 @@
 //       parameters match a 4 d_model^2 attention sublayer.
 //
 // How: the rows of x are cut into fixed blocks. Per block (one thread): G = X_b W_gate and
-// U = X_b W_up (Eigen's product through detail/gemm.hpp), G = SiLU(G) * U fused in one SIMD pass
+// U = X_b W_up (the engine's packed GEMM, detail/gemm.hpp), G = SiLU(G) * U fused in one SIMD pass
 // over the block, then out_b = G W_down. The [N, m] intermediate never exists: each running
 // block holds its own [rows, m] pair in a reused scratch buffer, and the down product reads it
 // while it is still in the last-level cache. Blocks are a fixed function of the shape, so the
