@@ -1,6 +1,7 @@
 // Taylor ("Approximate") attention in an inference loop: a causal prefill with the automatic
-// form, then token-by-token decoding with attnkit::taylor_state, whose cost per step does not
-// grow with the context (a softmax decode step reads the whole K/V cache; printed beside it).
+// form, then token-by-token decoding with attnkit::taylor_state, whose cost per step stops
+// growing with the context once it has folded its cache into S (st.fold_length() tokens; a
+// softmax decode step reads the whole K/V cache at any length; printed beside it).
 #include <attnkit/attnkit.hpp>
 #include <attnkit/taylor_attention.hpp>
 

@@ -190,9 +190,14 @@ TEST(taylor_state, linear_state_bytes_do_not_grow) {
     EXPECT_EQ(attnkit::taylor_form::linear, st.form());
 }
 
-// The documented crossover of the suite's shape (D = Dv = 64, H = Hk = 8): 5061.
+// The documented crossover of the suite's shape (D = Dv = 64, H = Hk = 8): 5061; its fold
+// length 1090 = ceil(F (Dv + 1) / (D + Dv)), F = 2145; forced forms fold at their crossover.
 TEST(taylor_state, crossover_of_the_decoder_shape) {
     EXPECT_EQ(5061, taylor_state(1, 8, 8, 64, 64).crossover());
+    EXPECT_EQ(1090, taylor_state(1, 8, 8, 64, 64).fold_length());
+    taylor_options lo;
+    lo.form = attnkit::taylor_form::linear;
+    EXPECT_EQ(0, taylor_state(1, 8, 8, 64, 64, lo).fold_length());
     taylor_options o;
     o.form = attnkit::taylor_form::quadratic;
     EXPECT_EQ(index_t(1) << 24, taylor_state(1, 8, 8, 64, 64, o).crossover());
@@ -238,7 +243,8 @@ TEST(taylor_state, one_step_prefill_is_the_automatic_form_around_the_crossover) 
         taylor_state st(kB, kH, kHk, kD, kDv);
         const tensor4<float> out = run_steps(st, s, {L});
         const auto used = L < X ? attnkit::taylor_form::quadratic : attnkit::taylor_form::linear;
-        EXPECT_EQ(used, st.form());
+        // After the step: folded once L reaches the fold length (below X here).
+        EXPECT_EQ(L < st.fold_length() ? attnkit::taylor_form::quadratic : attnkit::taylor_form::linear, st.form());
         EXPECT_TRUE(same_bits(out, causal_call(s, L, used)));
         // The state's crossover is automatic's: the call picks the same form at every L.
         EXPECT_TRUE(same_bits(out, causal_call(s, L, attnkit::taylor_form::automatic)));
@@ -274,15 +280,17 @@ TEST(taylor_state, fold_gives_the_linear_forms_bits) {
             taylor_options o;
             o.pool = threads > 1 ? &pool : nullptr;
             taylor_state st(kB, kH, kHk, kD, kDv, o);
+            const index_t Y = st.fold_length();
             index_t t0 = 0;
-            bool folded = false;
+            bool folded = false;  // before the step
             for (std::size_t i = 0; i < steps.size(); ++i) {
                 const index_t T = steps[i];
                 tensor4<float> o_step = make_bshd<float>(kB, T, kH, kDv, 7.0f);
                 st.step(slice(s.q, t0, T), slice(s.k, t0, T), slice(s.v, t0, T), o_step);
-                folded = folded || t0 + T >= X;
+                const bool linear_step = folded || t0 + T >= X;
+                folded = folded || t0 + T >= Y;
                 EXPECT_EQ(folded ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic, st.form());
-                if (folded) {
+                if (linear_step) {
                     EXPECT_TRUE(same_bits(o_step, slice(lin, t0, T))) << "step " << i << ", " << threads << " threads";
                 } else if (i == 0) {  // a first quadratic step is the quadratic call
                     EXPECT_TRUE(same_bits(o_step, causal_call(s, T, attnkit::taylor_form::quadratic)));
@@ -297,15 +305,18 @@ TEST(taylor_state, fold_gives_the_linear_forms_bits) {
     }
 }
 
-// One token at a time across the crossover: the form switches exactly at it, each decode row
-// equals the last row of a prefill one token longer in the form the state used (float
+// One token at a time across the fold length: the form switches exactly at it, each decode row
+// equals the last row of a prefill one token longer in the form the step used (float
 // tolerance: a one-token step reads S with the row kernel), and the cache grows only up to the
 // fold, within its bound, after which the size stays constant.
 TEST(taylor_state, decode_across_the_crossover) {
-    const index_t X = taylor_state(kB, kH, kHk, kD, kDv).crossover();
+    taylor_state st(kB, kH, kHk, kD, kDv);
+    // One-token steps never reach the prefill crossover before the fold length: they switch
+    // at the latter (82 here: the cache's 32 floats per token outgrow S's 153 x 17).
+    const index_t X = st.fold_length();
+    ASSERT_EQ(82, X);
     const index_t L = X + 140;
     const sequence s = make_sequence(kB, L, kH, kHk, kD, kDv, distribution::outliers, 29);
-    taylor_state st(kB, kH, kHk, kD, kDv);
     tensor4<float> out = make_bshd<float>(kB, L, kH, kDv, 7.0f);
     std::size_t prev_bytes = st.state_bytes();
     int growths = 0;
@@ -319,11 +330,11 @@ TEST(taylor_state, decode_across_the_crossover) {
         out = with_rows(std::move(out), o, n);
         const bool linear = n + 1 >= X;
         ASSERT_EQ(linear ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic, st.form()) << n;
-        if (!linear) {  // the cache: the tokens held, at most twice (doubling), at most X - 1
+        if (!linear) {  // the cache: the tokens held, at most twice (doubling)
             EXPECT_GE(st.state_bytes(), prev_bytes) << n;
             EXPECT_GE(st.state_bytes(), cache_bytes(n + 1)) << n;
             EXPECT_LE(st.state_bytes(), cache_bytes(std::max<index_t>(2 * n, 64))) << n;
-            EXPECT_LE(st.state_bytes(), cache_bytes(X - 1)) << n;
+            EXPECT_LE(st.state_bytes(), cache_bytes(128)) << n;  // one doubling past X at most
             growths += st.state_bytes() != prev_bytes;
         } else if (n + 1 > X) {
             EXPECT_EQ(prev_bytes, st.state_bytes()) << n;  // S and the current chunk: constant
@@ -333,12 +344,12 @@ TEST(taylor_state, decode_across_the_crossover) {
             if (n == edge) {
                 SCOPED_TRACE(::testing::Message() << "decode at " << n);
                 const tensor4<float> pre =
-                    causal_call(s, n + 1, linear ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic);
+                    causal_call(s, n + 1, n >= X ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic);
                 EXPECT_TRUE(causal_close(with_rows(pre, o, n), pre, slice(s.q, 0, n + 1), slice(s.k, 0, n + 1),
                                          slice(s.v, 0, n + 1), n));
             }
     }
-    EXPECT_EQ(4, growths);  // amortised: 64, 128, 256, then the cap of X - 1 = 342 tokens
+    EXPECT_EQ(2, growths);  // amortised: 64, then 128, folded at 82
     tensor4<double> expected = make_bshd<double>(kB, L, kH, kDv);
     taylor_options o;
     o.causal = true;

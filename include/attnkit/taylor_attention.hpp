@@ -5,9 +5,9 @@
 //   attnkit::taylor_attention(q, k, v, out, opts);   q [B,Lq,H,D], k [B,Lk,Hk,D], v [B,Lk,Hk,Dv],
 //                                                    out [B,Lq,H,Dv]; opts: attnkit::taylor_options
 //   attnkit::taylor_state st(B, H, Hk, D, Dv, opts); st.step(q, k, v, out);   decode / chunked prefill
-//     (detail/taylor/state.hpp): a K/V cache and the quadratic form below the causal crossover of
-//     its shapes (the cost model below), then the linear form's state; opts.form = linear or
-//     quadratic keeps one form throughout.
+//     (detail/taylor/state.hpp): a K/V cache and the quadratic form while it holds fewer bytes
+//     than S and below the causal crossover of its shapes (the cost model), then the linear
+//     form's state; opts.form = linear or quadratic keeps one form throughout.
 //
 // Conventions are the softmax ones: BSHD, GQA by index, causal bottom-right, key_lengths, the
 // caller's thread pool, bitwise identical results for any thread count. A row that sees no key

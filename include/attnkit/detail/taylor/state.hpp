@@ -3,7 +3,7 @@
 //
 //   attnkit::taylor_state st(batch, heads, heads_kv, dim, dim_v, opts);
 //   st.step(q, k, v, out);   q [B,T,H,D], k [B,T,Hk,D], v [B,T,Hk,Dv], out [B,T,H,Dv], T >= 1
-//   st.length(); st.reset(); st.state_bytes(); st.form(); st.crossover();
+//   st.length(); st.reset(); st.state_bytes(); st.form(); st.crossover(); st.fold_length();
 //
 // Two forms, as taylor_attention (opts.form; automatic is the default):
 //   quadratic  a K/V cache (row-major per batch item and key/value head, capacity doubling);
@@ -17,18 +17,21 @@
 //              The chunks are the linear kernel's (linear.hpp): a query reads S, sees its own
 //              chunk up to itself through the quadratic form, and a full chunk enters S (summed
 //              on its own, then added). A decode read of S with few rows uses a row kernel.
-// automatic: quadratic while length() + T < crossover(), the smallest L for which the cost
-// model (cost_model.hpp) picks the linear form for a causal call with Lq = Lk = L (B cancels;
-// D = Dv = 64, H = Hk = 8: 5061). The step that reaches it folds the cache into S chunk by
-// chunk in the linear form's order (the last length() % 64 tokens become the current chunk),
-// frees the cache and runs linear from then on. form = linear: linear from the first token;
-// form = quadratic: never folds (at most 2^24 - 1 tokens, as the quadratic form).
-// The crossover is the prefill's: decode steps just below it read a cache larger than S (one
-// thread, D = 64, H = 8: 0.12 ms at 512 tokens, 0.45 at 2048, 1.4-1.6 at 4096; linear 0.24 ms).
+// automatic: a step with length() + T < crossover() runs quadratic, crossover() being the
+// smallest L for which the cost model (cost_model.hpp) picks the linear form for a causal call
+// with Lq = Lk = L (B cancels; D = Dv = 64, H = Hk = 8: 5061), so a prefill gets the cheaper
+// form; a step that reaches it runs linear. The state folds the cache into S (chunk by chunk in
+// the linear form's order; the last length() % 64 tokens become the current chunk; the cache is
+// freed) before a step that reaches crossover(), or after a step once length() >= fold_length()
+// = min(crossover(), decode_fold_length): from there the cache would hold more than S, and a
+// decode step, bound by reading one or the other, would cost more (D = Dv = 64: 1090 tokens;
+// one thread, H = 8: 0.12 ms at 512 tokens, 0.22 at 1024, linear 0.24 ms at any length).
+// form = linear: linear from the first token; form = quadratic: never folds (at most 2^24 - 1
+// tokens, as the quadratic form).
 //
 // Memory per batch item and key/value head (state_bytes(): what is allocated now): quadratic
 // 4 (D + Dv) bytes per token, capacity at most crossover() - 1 tokens (D = Dv = 64: 512 B per
-// token, < 2.6 MB); linear 4 (F' Dv' + 64 (D + Dv)) bytes whatever the length, F' and Dv' = Dv + 1
+// token; automatic holds at most fold_length() + T - 1 of them, < 0.6 MB after the step); linear 4 (F' Dv' + 64 (D + Dv)) bytes whatever the length, F' and Dv' = Dv + 1
 // rounded up to the micro tile (D = Dv = 64: 0.59 MB).
 //
 // Bitwise (tests/taylor_state_test.cpp): a one-step prefill from an empty state is
@@ -75,6 +78,9 @@ class taylor_state {
           crossover_(opts.form == taylor_form::linear      ? 0
                      : opts.form == taylor_form::quadratic ? detail::taylor::kMaxQuadraticKeys + 1
                                                            : detail::taylor::causal_crossover(heads, heads_kv, dim, dim_v)),
+          fold_length_(opts.form == taylor_form::automatic
+                           ? std::min(crossover_, detail::taylor::decode_fold_length(dim, dim_v))
+                           : crossover_),
           features_(dim, detail::tile_traits<A>::kMR),
           dvp_(detail::taylor::chunk_buffers<A>(dim, dim_v, 0, 0).dvp),
           per_item_(features_.padded * dvp_ + kChunk * (dim + dim_v)), cache_(batch, heads_kv, dim, dim_v) {
@@ -87,6 +93,10 @@ class taylor_state {
     // The length from which the state is linear: a step with length() + T >= crossover() runs
     // the linear form (0 for form = linear; 2^24 for form = quadratic: never).
     index_t crossover() const { return crossover_; }
+    // The length from which the state is linear: a step that ends at or past it folds the cache
+    // into S after computing its outputs (automatic: min(crossover(), decode_fold_length), the
+    // cache never outgrowing S; D = Dv = 64: 1090; the forced forms: crossover()).
+    index_t fold_length() const { return fold_length_; }
     // Back to an empty state in the options' form (the cache keeps its allocation).
     void reset() {
         length_ = 0;
@@ -138,6 +148,9 @@ class taylor_state {
                          std::to_string(length_) + " + T = " + std::to_string(T) + " in " + shape_string(k));
         if (!linear_ && length_ + T < crossover_) {
             quadratic_step(q, k, v, out, T);
+            length_ += T;
+            if (length_ >= fold_length_) fold();  // decode steps would read more than S from now on
+            return;
         } else {
             if (!linear_) fold();
             parallel_for(pool_, items(), [&](std::int64_t item) { linear_item(q, k, v, out, s, item); });
@@ -284,7 +297,7 @@ class taylor_state {
     float scale_, eps_;
     thread_pool* pool_;
     taylor_form form_;
-    index_t crossover_;
+    index_t crossover_, fold_length_;
     detail::taylor::feature_table features_;
     index_t dvp_, per_item_;
     bool linear_ = false;
