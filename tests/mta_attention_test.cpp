@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "common/compare.hpp"
+#include "common/mta_inputs.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
 
@@ -390,69 +391,15 @@ TEST(zz_margin, worst_error_fraction_of_tolerance) {
 
 // ---- bad input --------------------------------------------------------------------------------
 
-void expect_rejects(const tensor4<float>& q, const tensor4<float>& k, const tensor4<float>& v, const mta_options& o,
-                    const std::string& what, index_t Dv) {
-    tensor4<float> out = make_bshd<float>(q.dimension(0), q.dimension(1), q.dimension(2), Dv, 7.0f);
-    try {
-        attnkit::mta_attention(q, k, v, out, o);
-        ADD_FAILURE() << "accepted bad " << what;
-    } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-    EXPECT_TRUE(all_equal_to(out, 7.0f)) << what;
-}
-
+// Every bad option and shape of common/mta_inputs.hpp (the oracle's test runs the same cases),
+// and an out of the wrong shape.
 TEST(bad_input, every_rejected_argument) {
-    const index_t L = 5, H = 4, D = 3, Dv = 2;
-    const auto q = random_bshd(1, L, H, D, distribution::uniform, 60);
-    const auto k = random_bshd(1, L, 2, D, distribution::uniform, 61);
-    const auto v = random_bshd(1, L, 2, Dv, distribution::uniform, 62);
-    tensor4<float> wrong_heads(2, 1, 3, 3), bad_group(4, 3, 3, 3), even_ck(4, 1, 3, 4), zero_cq(4, 1, 0, 3),
-        zero_ck(4, 1, 1, 0);
-    for (auto* t : {&wrong_heads, &bad_group, &even_ck, &zero_cq, &zero_ck}) t->setZero();
-    tensor2 not_square(4, 3), wrong_h(3, 3);
-    tensor1 wrong_dv(3);
-    not_square.setZero(), wrong_h.setZero(), wrong_dv.setZero();
-    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-    for (const tensor4<float>* t : {&wrong_heads, &bad_group, &even_ck, &zero_cq, &zero_ck}) {
-        mta_options o;
-        o.kq_pre = *t;
-        expect_rejects(q, k, v, o, "opts.kq_pre", Dv);
-        mta_options p;
-        p.kq_post = *t;
-        expect_rejects(q, k, v, p, "opts.kq_post", Dv);
-    }
-    for (const tensor2* t : {&not_square, &wrong_h}) {
-        mta_options o;
-        o.head_pre = *t;
-        expect_rejects(q, k, v, o, "opts.head_pre", Dv);
-        mta_options p;
-        p.head_post = *t;
-        expect_rejects(q, k, v, p, "opts.head_post", Dv);
-    }
-    mta_options nw, gw, layer, bias, scale;
-    nw.norm_weight = wrong_dv;
-    gw.gate_weight = wrong_dv;
-    layer.norm_layer = -2;
-    bias.gate_bias = inf;
-    scale.scale = nan;
-    expect_rejects(q, k, v, nw, "opts.norm_weight", Dv);
-    expect_rejects(q, k, v, gw, "opts.gate_weight", Dv);
-    expect_rejects(q, k, v, layer, "opts.norm_layer", Dv);
-    expect_rejects(q, k, v, bias, "opts.gate_bias", Dv);
-    expect_rejects(q, k, v, scale, "opts.scale", Dv);
-    for (float eps : {0.0f, -1.0f, nan, inf}) {
-        mta_options o;
-        o.norm_eps = eps;
-        expect_rejects(q, k, v, o, "opts.norm_eps", Dv);
-    }
-    expect_rejects(q, random_bshd(1, L + 1, 2, D, distribution::uniform, 63),
-                   random_bshd(1, L + 1, 2, Dv, distribution::uniform, 64), {}, "Lq == Lk", Dv);
-    expect_rejects(q, random_bshd(1, L, 3, D, distribution::uniform, 65),
-                   random_bshd(1, L, 3, Dv, distribution::uniform, 66), {}, "multiple of key heads", Dv);
-    expect_rejects(q, k, random_bshd(1, L, 2, Dv + 1, distribution::uniform, 67), {}, "out: expected shape", Dv);
-    tensor4<float> out_bad = make_bshd<float>(1, L, H, Dv + 1, 7.0f);
-    EXPECT_THROW(attnkit::mta_attention(q, k, v, out_bad, mta_options{}), std::invalid_argument);
+    const mta_bad_inputs bad;
+    bad.expect_all_rejected([](const auto& q, const auto& k, const auto& v, auto& out, const auto& o) {
+        attnkit::mta_attention(q, k, v, out, o);
+    });
+    tensor4<float> out_bad = make_bshd<float>(1, bad.kL, bad.kH, bad.kDv + 1, 7.0f);
+    EXPECT_THROW(attnkit::mta_attention(bad.q, bad.k, bad.v, out_bad, mta_options{}), std::invalid_argument);
     EXPECT_TRUE(all_equal_to(out_bad, 7.0f));
 }
 
