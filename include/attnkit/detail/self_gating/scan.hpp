@@ -11,17 +11,21 @@
 // States stay (m, z) in float rather than an lse = m + log z: at |g| ~ 1e3 a float lse is off
 // by ~6e-5, which would become a relative error of every weight; m itself is exact.
 //
-// Every function here is ATTNKIT_NOINLINE: each runs over many rows, and one copy of the
-// machine code means that every caller in driver.hpp (whichever thread, whichever chunk)
-// executes the very same float operations (no call-site-dependent FMA contraction), which is
-// what makes results bitwise identical for any thread count.
+// Every function here is ATTNKIT_NOINLINE (the always-inline pieces of head_ops.hpp are inlined
+// into them only): each runs over many rows, and one copy of the machine code means that every
+// caller in driver.hpp (whichever thread, whichever chunk) executes the very same float
+// operations (no call-site-dependent FMA contraction), which is what makes results bitwise
+// identical for any thread count. A row made during the scan and a row fixed later from a
+// buffer go through the same operations on the same values (update_head, fix_weights).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "attnkit/config.hpp"
 #include "attnkit/detail/attention_problem.hpp"
+#include "attnkit/detail/self_gating/head_ops.hpp"
 #include "attnkit/simd/simd.hpp"
 
 namespace attnkit {
@@ -44,13 +48,19 @@ struct problem {
 };
 
 // Per-head states of a range of query heads: m[nh], z[nh], n[nh][dim_vp]. z == 0 means empty
-// (a state that has seen a token has z >= 1: its max contributes exp(0)).
+// (a state that has seen a token has z >= 1: its max contributes exp(0)). The other arrays are
+// per-position scratch of scan_rows, one float per head: the gates, the exponential of the
+// update, whether it raised the max, 1 / z, and the weights of a fixed row.
 struct states {
     std::vector<float> m, z, n;
+    std::vector<float> gate, e, up, inv_z, wa, wb;
+    std::vector<index_t> kv_head;  // of each query head of the range: integer division once per scan
     void resize(index_t nh, index_t dvp) {
+        kv_head.assign(static_cast<std::size_t>(nh), 0);
         m.assign(static_cast<std::size_t>(nh), -HUGE_VALF);
         z.assign(static_cast<std::size_t>(nh), 0.0f);
         n.assign(static_cast<std::size_t>(nh * dvp), 0.0f);
+        for (std::vector<float>* a : {&gate, &e, &up, &inv_z, &wa, &wb}) a->assign(static_cast<std::size_t>(nh), 0.0f);
     }
     void clear() {
         std::fill(m.begin(), m.end(), -HUGE_VALF);
@@ -75,83 +85,123 @@ struct row_dest {
     float* row(index_t l, index_t hh) const { return base + l * sl + hh * sh; }
 };
 
-// Stores dim_v floats of x * s (x padded to the lane width) at dst; streamed when asked for
-// and dst is vector-aligned, so that rows written once skip the read-for-ownership.
+// gate[hh] = scale <q, k> of the nh heads from h0 at position l: W heads at a time, one
+// accumulator each, reduced together (hsum_each) instead of one horizontal sum per head.
 template <class A>
-ATTNKIT_ALWAYS_INLINE void store_scaled(float* dst, const float* x, float s, index_t dim_v, bool stream) {
+ATTNKIT_ALWAYS_INLINE void gates_at(const problem& p, index_t b, index_t l, index_t h0, index_t nh,
+                                    const index_t* kv_head, float* gate) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
-    const V sv(s);
-    index_t c = 0;
-    if (stream && simd::stream_aligned<A>(dst)) {
-        for (; c + W <= dim_v; c += W) simd::stream_store(dst + c, simd::loadu<A>(x + c) * sv);
-    } else {
-        for (; c + W <= dim_v; c += W) simd::storeu(dst + c, simd::loadu<A>(x + c) * sv);
+    const index_t D = p.dim;
+    for (index_t hh = 0; hh < nh; hh += W) {
+        const index_t cnt = std::min(W, nh - hh);
+        const float* qr[W];
+        const float* kr[W];
+#pragma GCC unroll 16
+        for (index_t j = 0; j < W; ++j) {
+            const index_t jj = hh + std::min(j, cnt - 1);  // spare lanes repeat the last head
+            qr[j] = p.q.row(b, l, h0 + jj);
+            kr[j] = p.k.row(b, l, kv_head[jj]);
+        }
+        // W accumulators held in registers (the loops over j fully unrolled).
+        V acc[W];
+#pragma GCC unroll 16
+        for (index_t j = 0; j < W; ++j) acc[j] = V(0.0f);
+        // Two chains per head, so that one head's FMA latency does not serialise its dot.
+#pragma GCC unroll 16
+        for (index_t j = 0; j < W; ++j) {
+            V acc1(0.0f);
+            index_t c = 0;
+            for (; c + 2 * W <= D; c += 2 * W) {
+                acc[j] = simd::fma(simd::loadu<A>(qr[j] + c), simd::loadu<A>(kr[j] + c), acc[j]);
+                acc1 = simd::fma(simd::loadu<A>(qr[j] + c + W), simd::loadu<A>(kr[j] + c + W), acc1);
+            }
+            for (; c + W <= D; c += W) acc[j] = simd::fma(simd::loadu<A>(qr[j] + c), simd::loadu<A>(kr[j] + c), acc[j]);
+            if (c < D)
+                acc[j] = simd::fma(simd::load_partial<A>(qr[j] + c, D - c), simd::load_partial<A>(kr[j] + c, D - c), acc[j]);
+            acc[j] = acc[j] + acc1;
+        }
+        store_heads<A>(gate + hh, simd::hsum_each(acc) * V(p.scale), cnt);
     }
-    if (c < dim_v) simd::store_partial(dst + c, simd::loadu<A>(x + c) * sv, dim_v - c);
 }
 
 // Scans positions [l0, l1) of item b for key/value heads [hk0, hk1), continuing the states st
-// (query heads hk0 * G .. hk1 * G). With a destination, row l of head h gets the local output
-// n / z and mz[2 * ((l - l0) * nh + hh)] its (m, z); without, only the states advance.
+// (query heads hk0 * G .. hk1 * G). Without a destination only the states advance. With one
+// and no prefix (the buffered rows of a chunk whose prefix is not known yet), row l of head hh
+// gets the raw n and mz the row's m[nh] then z[nh] at mz + 2 nh (l - l0). With a prefix state
+// pre as well (every token before l0, already known) the rows are final, n combined with pre
+// on the spot exactly as fix_rows would combine it later: the output is written once,
+// interleaved with the reads of q, k and v (no buffer, no mz).
 template <class A>
 ATTNKIT_NOINLINE void scan_rows(const problem& p, index_t b, index_t hk0, index_t hk1, index_t l0, index_t l1,
-                                states& st, const row_dest* dst, float* mz, bool stream) {
+                                states& st, const row_dest* dst, float* mz, bool stream,
+                                const state_ref* pre = nullptr) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
-    // Positions prefetched ahead of the hardware streams (16: measured as good as none or 4 on
-    // Zen 2, where the L2 streamer already follows four sequential streams; a hint elsewhere).
-    constexpr index_t kAhead = 16;
-    const index_t G = p.group, nh = (hk1 - hk0) * G, dv = p.dim_v, dvp = p.dim_vp, D = p.dim;
+    constexpr index_t kAhead = 1;
+    const index_t G = p.group, nh = (hk1 - hk0) * G, dv = p.dim_v, dvp = p.dim_vp;
     const index_t h0 = hk0 * G;
+    float *const m = st.m.data(), *const z = st.z.data(), *const e = st.e.data(), *const up = st.up.data();
+    index_t* const kv_head = st.kv_head.data();
+    for (index_t hh = 0; hh < nh; ++hh) kv_head[hh] = (h0 + hh) / G;
     for (index_t l = l0; l < l1; ++l) {
+        // The next position's q, k and v, one hint per line: each position's rows start new
+        // 4 KiB pages, where the hardware streams stop (measured on Zen 2: 5% faster with the
+        // next position prefetched; 16 or 32 ahead no better).
         if (l + kAhead < l1) {
             for (index_t hk = hk0; hk < hk1; ++hk) {
                 const float* kn = p.k.row(b, l + kAhead, hk);
                 const float* vn = p.v.row(b, l + kAhead, hk);
-                for (index_t c = 0; c < D; c += 16) ATTNKIT_PREFETCH(kn + c);
+                for (index_t c = 0; c < p.dim; c += 16) ATTNKIT_PREFETCH(kn + c);
                 for (index_t c = 0; c < dv; c += 16) ATTNKIT_PREFETCH(vn + c);
                 for (index_t g = 0; g < G; ++g) {
                     const float* qn = p.q.row(b, l + kAhead, hk * G + g);
-                    for (index_t c = 0; c < D; c += 16) ATTNKIT_PREFETCH(qn + c);
+                    for (index_t c = 0; c < p.dim; c += 16) ATTNKIT_PREFETCH(qn + c);
                 }
             }
         }
-        for (index_t hk = hk0; hk < hk1; ++hk) {
-            const float* kr = p.k.row(b, l, hk);
-            const float* vr = p.v.row(b, l, hk);
-            for (index_t g = 0; g < G; ++g) {
-                const index_t h = hk * G + g, hh = h - h0;
-                const float gate = p.scale * simd::dot<A>(p.q.row(b, l, h), kr, D);
-                float* n = st.n.data() + hh * dvp;
-                float m = st.m[hh], z = st.z[hh];
-                if (gate > m) {
-                    // New maximum (also the first token: exp(-inf) = 0): n = alpha n + v.
-                    const float alpha_s = std::exp(m - gate);
-                    const V alpha(alpha_s);
-                    index_t c = 0;
-                    for (; c + W <= dv; c += W) simd::storeu(n + c, simd::fma(simd::loadu<A>(n + c), alpha, simd::loadu<A>(vr + c)));
-                    if (c < dv) simd::storeu(n + c, simd::fma(simd::loadu<A>(n + c), alpha, simd::load_partial<A>(vr + c, dv - c)));
-                    z = z * alpha_s + 1.0f;
-                    m = gate;
-                } else {
-                    // Below the maximum, or NaN (propagates through p into z and n). A gate of
-                    // -inf weighs 0 even while the state is empty (exp(-inf - -inf) is NaN).
-                    const float pj = gate == -HUGE_VALF ? 0.0f : std::exp(gate - m);
-                    const V pv(pj);
-                    index_t c = 0;
-                    for (; c + W <= dv; c += W) simd::storeu(n + c, simd::fma(pv, simd::loadu<A>(vr + c), simd::loadu<A>(n + c)));
-                    if (c < dv) simd::storeu(n + c, simd::fma(pv, simd::load_partial<A>(vr + c, dv - c), simd::loadu<A>(n + c)));
-                    z += pj;
-                }
-                st.m[hh] = m;
-                st.z[hh] = z;
-                if (dst) {
-                    store_scaled<A>(dst->row(l - l0, hh), n, z == 0.0f ? 0.0f : 1.0f / z, dv, stream);
-                    mz[2 * ((l - l0) * nh + hh)] = m;
-                    mz[2 * ((l - l0) * nh + hh) + 1] = z;
-                }
+        gates_at<A>(p, b, l, h0, nh, kv_head, st.gate.data());
+        // The state scalars of every head at once. A gate above m is the new max (also the
+        // first token: exp(-inf) = 0) and rescales: e = exp(m - g), z = z e + 1, n = n e + v.
+        // One below it (or NaN, which then propagates into z and n) adds e = exp(g - m):
+        // z += e, n += e v. A gate of -inf weighs 0 even while the state is empty (where
+        // exp(-inf - -inf) would be NaN).
+        for (index_t hh = 0; hh < nh; hh += W) {
+            const index_t cnt = std::min(W, nh - hh);
+            const V g = load_heads<A>(st.gate.data() + hh, cnt), mv = load_heads<A>(m + hh, cnt),
+                    zv = load_heads<A>(z + hh, cnt);
+            const auto raise = g > mv;
+            V ev = simd::exp(simd::select(raise, mv - g, g - mv));
+            ev = simd::select(g == V(-HUGE_VALF), V(0.0f), ev);
+            store_heads<A>(e + hh, ev, cnt);
+            store_heads<A>(up + hh, simd::select(raise, V(1.0f), V(0.0f)), cnt);
+            store_heads<A>(z + hh, simd::select(raise, simd::fma(zv, ev, V(1.0f)), zv + ev), cnt);
+            store_heads<A>(m + hh, simd::select(raise, g, mv), cnt);
+        }
+        if (dst && !pre) {
+            float* mzr = mz + 2 * nh * (l - l0);
+            std::copy(m, m + nh, mzr);
+            std::copy(z, z + nh, mzr + nh);
+        } else if (dst) {
+            inverse_sums<A>(z, nh, st.inv_z.data());
+            fix_weights<A>(m, z, pre->m, pre->z, nh, st.wa.data(), st.wb.data());
+        }
+        for (index_t hh = 0; hh < nh; ++hh) {
+            const float* vr = p.v.row(b, l, kv_head[hh]);
+            float* n = st.n.data() + hh * dvp;
+            const bool raise = up[hh] != 0.0f;
+            if (!dst) {
+                update_head<A, row_kind::none>(raise, n, vr, e[hh], dv, nullptr, 0.0f, nullptr, 0.0f, false);
+                continue;
             }
+            float* d = dst->row(l - l0, hh);
+            if (!pre)
+                update_head<A, row_kind::raw>(raise, n, vr, e[hh], dv, d, 0.0f, nullptr, 0.0f, false);
+            else if (pre->z[hh] == 0.0f)
+                update_head<A, row_kind::scaled>(raise, n, vr, e[hh], dv, d, st.inv_z[hh], nullptr, 0.0f, stream);
+            else
+                update_head<A, row_kind::fixed>(raise, n, vr, e[hh], dv, d, st.wa[hh], pre->n + hh * dvp, st.wb[hh],
+                                                stream);
         }
     }
 }
@@ -173,43 +223,24 @@ inline ATTNKIT_NOINLINE void merge_state(float& ma, float& za, float* na, float 
     ma = mx;
 }
 
-// Final rows from local ones: row l of head h is (o_loc, m, z) of its chunk's tokens up to l
-// (src, mz as scan_rows wrote them) combined with the prefix state pre of everything before
-// the chunk: o = (z e^(m - M) o_loc + e^(m_pre - M) n_pre) / (z e^(m - M) + z_pre e^(m_pre - M)).
-// Heads whose prefix is empty keep o_loc (copied when src != dst).
+// Final rows from buffered ones: row r of head hh is the raw n of its chunk's tokens up to
+// that row, with its m and z in mz (as scan_rows wrote them), combined with the prefix state
+// pre of everything before the chunk (fix_weights). Heads whose prefix is empty get n / z.
+// st provides the per-head scratch.
 template <class A>
 ATTNKIT_NOINLINE void fix_rows(const problem& p, index_t hk0, index_t hk1, index_t n_rows, const state_ref& pre,
-                               const row_dest& src, const float* mz, const row_dest& dst, bool stream) {
-    using V = simd::vfloat<A>;
-    constexpr index_t W = simd::kLanes<A>;
+                               const row_dest& src, const float* mz, const row_dest& dst, states& st, bool stream) {
     const index_t nh = (hk1 - hk0) * p.group, dv = p.dim_v, dvp = p.dim_vp;
     for (index_t r = 0; r < n_rows; ++r) {
+        const float* m = mz + 2 * nh * r;
+        const float* z = m + nh;
+        inverse_sums<A>(z, nh, st.inv_z.data());
+        fix_weights<A>(m, z, pre.m, pre.z, nh, st.wa.data(), st.wb.data());
         for (index_t hh = 0; hh < nh; ++hh) {
-            const float* o = src.row(r, hh);
-            float* d = dst.row(r, hh);
-            const float zp = pre.z[hh];
-            if (zp == 0.0f) {
-                if (o != d)
-                    for (index_t c = 0; c < dv; ++c) d[c] = o[c];
-                continue;
-            }
-            const float m = mz[2 * (r * nh + hh)], z = mz[2 * (r * nh + hh) + 1], mp = pre.m[hh];
-            const float mx = m > mp ? m : mp;
-            const float el = z * std::exp(m - mx), ep = std::exp(mp - mx);
-            const float inv = 1.0f / (el + zp * ep);
-            const V a(el * inv), bp(ep * inv);
-            const float* np = pre.n + hh * dvp;
-            index_t c = 0;
-            if (stream && simd::stream_aligned<A>(d)) {
-                for (; c + W <= dv; c += W)
-                    simd::stream_store(d + c, simd::fma(simd::loadu<A>(np + c), bp, simd::loadu<A>(o + c) * a));
-            } else {
-                for (; c + W <= dv; c += W)
-                    simd::storeu(d + c, simd::fma(simd::loadu<A>(np + c), bp, simd::loadu<A>(o + c) * a));
-            }
-            if (c < dv)
-                simd::store_partial(d + c, simd::fma(simd::loadu<A>(np + c), bp, simd::load_partial<A>(o + c, dv - c) * a),
-                                    dv - c);
+            if (pre.z[hh] == 0.0f)
+                store_scaled<A>(dst.row(r, hh), src.row(r, hh), st.inv_z[hh], dv, stream);
+            else
+                store_fixed<A>(dst.row(r, hh), src.row(r, hh), st.wa[hh], pre.n + hh * dvp, st.wb[hh], dv, stream);
         }
     }
 }
