@@ -517,6 +517,33 @@ TEST(SelfGating, OutEqualToQInPlaceMatches) {
     }
 }
 
+// Where out sits just above v modulo 4 KiB, rows are made in two loops instead of one (see
+// update_head in detail/self_gating/head_ops.hpp, 4 KiB aliasing): the same operations in
+// another order, so the bits must not depend on where out lies. The rows are large enough
+// (L * H * Dv floats >= 4 MiB) to be streamed, the path the placement is about.
+TEST(SelfGating, OutPlacementModulo4KiBKeepsTheBits) {
+    const index_t L = 4096, H = 8, D = 64;
+    const tensor4<float> q = random_bshd(1, L, H, D, distribution::gaussian, 79);
+    const tensor4<float> k = random_bshd(1, L, H, D, distribution::gaussian, 80);
+    const tensor4<float> v = random_bshd(1, L, H, D, distribution::gaussian, 81);
+    self_gating_options o;
+    o.causal = true;
+    const tensor4<float> want = run_fast(q, k, v, o);
+    std::vector<float> buf(static_cast<std::size_t>(L * H * D + 2048));
+    const auto v_mod = reinterpret_cast<std::uintptr_t>(v.data()) & 4095u;
+    for (std::uintptr_t gap : {0u, 32u, 64u, 160u, 256u, 4064u}) {
+        // The first float of buf at or after offset 0 whose address is v + gap modulo 4 KiB.
+        const auto b_mod = reinterpret_cast<std::uintptr_t>(buf.data()) & 4095u;
+        const std::uintptr_t shift = (v_mod + gap - b_mod) & 4095u;
+        ASSERT_EQ(shift % sizeof(float), 0u);
+        float* at = buf.data() + shift / sizeof(float);
+        Eigen::TensorMap<tensor4<float>> out(at, 1, L, H, D);
+        attnkit::self_gating_attention(q, k, v, out, o);
+        tensor4<float> got = out;
+        EXPECT_TRUE(bitwise_equal(got, want)) << "out - v = " << gap << " mod 4096";
+    }
+}
+
 TEST(SelfGatingState, StepWithOutputOverAnInputThrowsAndChangesNothing) {
     const index_t B = 1, T = 5, H = 2, D = 8;
     const tensor4<float> q = random_bshd(B, 2 * T, H, D, distribution::gaussian, 76);
