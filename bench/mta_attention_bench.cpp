@@ -11,6 +11,7 @@
 //                  softmax, head mixing, O = P V by GEMM. L <= 2048 only: at 8192 one [H, L, L]
 //                  copy is 4 GiB and it needs two.
 //   mta_full_d64   mta_full at D = Dv = 64, L = 8192, one thread: the memory case.
+//   mta_full/L:2048/D:64/H:8  the comparison suite's shape, 1 and 2 threads (its twin rows).
 // Counters: peak_frac (causal softmax attention FLOPs, 2 L (L + 1) / 2 H (D + Dv), per second
 // over the in-run FMA peak: the same work basis for every family, so it reads as "fraction of
 // peak softmax would need"), peak_add_MiB (peak RSS during the benchmark minus RSS before it,
@@ -170,9 +171,9 @@ void materialised_mta(const layer& x, tensor4& out, attnkit::thread_pool* pool) 
 
 // ---- registration -------------------------------------------------------------------------------
 
-void run_case(benchmark::State& state, family f, index_t L, index_t D, int threads) {
-    const layer x(L, 16, D);
-    tensor4 out(1, L, 16, D);
+void run_case(benchmark::State& state, family f, index_t L, index_t D, int threads, index_t H = 16) {
+    const layer x(L, H, D);
+    tensor4 out(1, L, H, D);
     out.setZero();  // fault the output's pages in now: they are not the kernel's memory
     std::unique_ptr<attnkit::thread_pool> pool;
     if (threads > 1) pool = std::make_unique<attnkit::thread_pool>(static_cast<std::size_t>(threads));
@@ -193,7 +194,8 @@ void run_case(benchmark::State& state, family f, index_t L, index_t D, int threa
         benchmark::ClobberMemory();
     }
     const long hwm = status_kib("VmHWM:");
-    const double flops = 2.0 * static_cast<double>(L) * static_cast<double>(L + 1) / 2.0 * 16.0 * 2.0 * static_cast<double>(D);
+    const double flops = 2.0 * static_cast<double>(L) * static_cast<double>(L + 1) / 2.0 * static_cast<double>(H) * 2.0 *
+                         static_cast<double>(D);
     state.counters["peak_frac"] = benchmark::Counter(flops / attnkit_bench::machine_peak_flops(threads),
                                                      benchmark::Counter::kIsIterationInvariantRate);
     state.counters["peak_add_MiB"] = static_cast<double>(hwm - rss0) / 1024.0;
@@ -217,6 +219,14 @@ void register_all() {
     benchmark::RegisterBenchmark("mta_full_d64/L:8192/D:64/threads:1",
                                  [](benchmark::State& s) { run_case(s, family::mta_full, 8192, 64, 1); })
         ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1)->Repetitions(1);
+    // The comparison suite's shape (variants_bench: H = 8, D = 64): the twin of its mta rows, so
+    // that the report can check that no kernel is slower in the suite than here.
+    for (int t : attnkit_bench::kThreadCounts) {
+        const std::string n = "mta_full/L:2048/D:64/H:8/threads:" + std::to_string(t);
+        benchmark::RegisterBenchmark(n.c_str(), [=](benchmark::State& s) { run_case(s, family::mta_full, 2048, 64, t, 8); })
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+    }
     benchmark::RegisterBenchmark("softmax_d64/L:8192/D:64/threads:1",
                                  [](benchmark::State& s) { run_case(s, family::softmax, 8192, 64, 1); })
         ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1)->Repetitions(1);
