@@ -64,7 +64,8 @@ problem make_problem(const view<const float, 4>& q, const view<const float, 4>& 
     p.oh = out.strides[2];
     p.scale = resolve_scale(scale, s.dim);
     p.causal = causal;
-    p.stream = out.size() * static_cast<index_t>(sizeof(float)) >= kStreamBytes;
+    // Streamed rows, unless the next position's loads would wait for them (4 KiB aliasing, scan.hpp).
+    p.stream = out.size() * static_cast<index_t>(sizeof(float)) >= kStreamBytes && !last_row_meets_next_gates(p);
     p.visible.assign(static_cast<std::size_t>(s.batch), s.len_q);
     for (std::size_t b = 0; b < key_lengths.size(); ++b)
         p.visible[b] = std::max<index_t>(0, std::min<index_t>(s.len_q, key_lengths[b] - pos0));
