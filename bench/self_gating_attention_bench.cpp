@@ -5,8 +5,8 @@
 //   reference     attnkit::reference::self_gating_attention (materialises L x L, double), L = 512
 //                 only, one thread, one iteration; the fast kernel also runs at L = 512
 //   self_gating_state  one decode step (T = 1) of attnkit::self_gating_state, tokens/s
-//   softmax       attnkit::softmax_attention, causal, L in {4096, 16384} (L = 32768 would take
-//                 ~20 s per iteration; 16384 is the same-shape comparison), one iteration at 16384
+//   softmax       attnkit::softmax_attention, causal, L in {4096, 16384, 32768}; one iteration
+//                 at 16384 and 32768 (~29 s with one thread), which ATTNKIT_BENCH_QUICK=1 drops
 // Shapes: B = 1, H = Hk = 8, D = Dv = 128 (and 64 at the suite's lengths 2048, 8192); threads
 // 1 and 2.
 // Counters: GB/s = bytes of q, k, v and out (each once) per second; bw_frac = that over the DRAM
@@ -174,6 +174,7 @@ void register_all() {
     for (int t : kThreadCounts) {
         add(family::softmax, 4096, true, t, 0);
         add(family::softmax, 16384, true, t, 1);
+        if (!bench_quick()) add(family::softmax, 32768, true, t, 1);
     }
     // The comparison suite's shape (bench/variants_bench.cpp: D = 64, causal), so that its
     // self_gating rows have a twin here (bench/scripts/plot_report.py, suite against own).
