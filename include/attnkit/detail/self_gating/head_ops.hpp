@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "attnkit/config.hpp"
 #include "attnkit/simd/simd.hpp"
@@ -62,51 +63,54 @@ ATTNKIT_NOINLINE void fix_weights(const float* m, const float* z, const float* m
     }
 }
 
-// Stores dim_v floats of x * s (x padded to the lane width) at dst; streamed when asked for
-// and dst is vector-aligned, so that rows written once skip the read-for-ownership.
-template <class A>
-ATTNKIT_ALWAYS_INLINE void store_scaled(float* dst, const float* x, float s, index_t dim_v, bool stream) {
-    using V = simd::vfloat<A>;
-    constexpr index_t W = simd::kLanes<A>;
-    const V sv(s);
-    index_t c = 0;
-    if (stream && simd::stream_aligned<A>(dst)) {
-        for (; c + W <= dim_v; c += W) simd::stream_store(dst + c, simd::loadu<A>(x + c) * sv);
-    } else {
-        for (; c + W <= dim_v; c += W) simd::storeu(dst + c, simd::loadu<A>(x + c) * sv);
-    }
-    if (c < dim_v) simd::store_partial(dst + c, simd::loadu<A>(x + c) * sv, dim_v - c);
-}
-
-// Stores dim_v floats of the final row x * a + np * b at dst (x, np padded to the lane width).
-template <class A>
-ATTNKIT_ALWAYS_INLINE void store_fixed(float* dst, const float* x, float a, const float* np, float b, index_t dim_v,
-                                       bool stream) {
-    using V = simd::vfloat<A>;
-    constexpr index_t W = simd::kLanes<A>;
-    const V av(a), bv(b);
-    index_t c = 0;
-    if (stream && simd::stream_aligned<A>(dst)) {
-        for (; c + W <= dim_v; c += W) simd::stream_store(dst + c, simd::fma(simd::loadu<A>(np + c), bv, simd::loadu<A>(x + c) * av));
-    } else {
-        for (; c + W <= dim_v; c += W) simd::storeu(dst + c, simd::fma(simd::loadu<A>(np + c), bv, simd::loadu<A>(x + c) * av));
-    }
-    if (c < dim_v) simd::store_partial(dst + c, simd::fma(simd::loadu<A>(np + c), bv, simd::loadu<A>(x + c) * av), dim_v - c);
-}
-
 // What becomes of a head's row at a position once its n is updated: nothing (states only), the
 // raw n (a buffered row, padded to dim_vp), n * a (n / z: no prefix) or n * a + np * b (fixed
 // with a prefix, fix_weights).
 enum class row_kind { none, raw, scaled, fixed };
 
+// One vector of a row from the same vector of n (and of the prefix's n for a fixed row). Every
+// row, made during the scan or later from a buffer, goes through this one expression, so a row
+// has the same bits whichever way it was made.
+// np is only read (at np + c) for a fixed row; the other kinds may pass null.
+template <class A, row_kind kKind>
+ATTNKIT_ALWAYS_INLINE simd::vfloat<A> row_value(const simd::vfloat<A>& nn, const float* np, index_t c,
+                                                const simd::vfloat<A>& av, const simd::vfloat<A>& bv) {
+    if (kKind == row_kind::raw) return nn;
+    if (kKind == row_kind::scaled) return nn * av;
+    return simd::fma(simd::loadu<A>(np + c), bv, nn * av);
+}
+
+// Stores dim_v floats of the row of x (x and np padded to the lane width) at dst; streamed
+// when asked for and dst is vector-aligned, so that rows written once skip the
+// read-for-ownership. A raw row is stored whole (dim_vp floats of a buffer).
+// Elements [from, dim_v): the whole row from 0, or the tail of one whose full vectors are stored.
+template <class A, row_kind kKind>
+ATTNKIT_ALWAYS_INLINE void store_row(float* dst, const float* x, float a, const float* np, float b, index_t dim_v,
+                                     bool stream, index_t from = 0) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    const V av(a), bv(b);
+    index_t c = from;
+    if (kKind != row_kind::raw && stream && simd::stream_aligned<A>(dst)) {
+        for (; c + W <= dim_v; c += W) simd::stream_store(dst + c, row_value<A, kKind>(simd::loadu<A>(x + c), np, c, av, bv));
+    } else {
+        for (; c + W <= dim_v; c += W) simd::storeu(dst + c, row_value<A, kKind>(simd::loadu<A>(x + c), np, c, av, bv));
+    }
+    if (c < dim_v) {
+        if (kKind == row_kind::raw)
+            simd::storeu(dst + c, simd::loadu<A>(x + c));
+        else
+            simd::store_partial(dst + c, row_value<A, kKind>(simd::loadu<A>(x + c), np, c, av, bv), dim_v - c);
+    }
+}
+
 // One head at one position: n = n e + v (raise: a new max) or n = e v + n, and its row. kFused:
-// one pass over n (it stays in registers between the update and the row). Otherwise two loops,
-// so that every load of this head's v precedes every store of its row: a load right after a
-// store with the same low 12 address bits waits for that store (4 KiB aliasing), and where the
-// row sits a little above v modulo 4 KiB the fused loop meets that on every vector: with
-// out = v + 32 bytes mod 4 KiB it ran 2.6x slower than with out = v (Zen 2, L = 2048, D = 64,
-// streamed rows). Both orders apply the same operations to the same values, and the row's are
-// those of store_scaled / store_fixed, so a fixed row has the bits that fix_rows would give it.
+// one pass over n (it stays in registers between the update and the row). Otherwise the row is
+// stored after the update, so that every load of this head's v precedes every store of its row:
+// a load right after a store with the same low 12 address bits waits for that store (4 KiB
+// aliasing), and where the row sits a little above v modulo 4 KiB the fused loop meets that on
+// every vector: with out = v + 32 bytes mod 4 KiB it ran 2.6x slower than with out = v (Zen 2,
+// L = 2048, D = 64, streamed rows). Both orders compute the row with row_value.
 template <class A, row_kind kKind, bool kRaise, bool kStream, bool kFused>
 ATTNKIT_ALWAYS_INLINE void update_head_as(float* n, const float* vr, float e, index_t dv, float* dst, float a,
                                           const float* np, float b) {
@@ -116,35 +120,36 @@ ATTNKIT_ALWAYS_INLINE void update_head_as(float* n, const float* vr, float e, in
     auto next = [&](index_t c, const V& vv) {
         return kRaise ? simd::fma(simd::loadu<A>(n + c), ev, vv) : simd::fma(ev, vv, simd::loadu<A>(n + c));
     };
-    auto row = [&](index_t c, const V& nn) {
-        return kKind == row_kind::scaled ? nn * av : simd::fma(simd::loadu<A>(np + c), bv, nn * av);
-    };
-    auto put = [&](index_t c, const V& nn) {
-        if (kKind == row_kind::raw)
-            simd::storeu(dst + c, nn);
-        else if (kStream)
-            simd::stream_store(dst + c, row(c, nn));
-        else
-            simd::storeu(dst + c, row(c, nn));
-    };
     index_t c = 0;
     for (; c + W <= dv; c += W) {
         const V nn = next(c, simd::loadu<A>(vr + c));
         simd::storeu(n + c, nn);
-        if (kFused && kKind != row_kind::none) put(c, nn);
+        if (kFused && kKind != row_kind::none) {
+            if (kStream)
+                simd::stream_store(dst + c, row_value<A, kKind>(nn, np, c, av, bv));
+            else
+                simd::storeu(dst + c, row_value<A, kKind>(nn, np, c, av, bv));
+        }
     }
     const index_t full = c;
     if (c < dv) simd::storeu(n + c, next(c, simd::load_partial<A>(vr + c, dv - c)));
     if (kKind == row_kind::none) return;
-    if (!kFused)
-        for (c = 0; c < full; c += W) put(c, simd::loadu<A>(n + c));
-    if (full < dv) {
-        if (kKind == row_kind::raw)
-            simd::storeu(dst + full, simd::loadu<A>(n + full));
-        else
-            simd::store_partial(dst + full, row(full, simd::loadu<A>(n + full)), dv - full);
-    }
+    if (kFused)  // the tail of the row
+        store_row<A, kKind>(dst, n, a, np, b, dv, false, full);
+    else
+        store_row<A, kKind>(dst, n, a, np, b, dv, kStream);
 }
+
+// Runs f with b as std::true_type or std::false_type: a runtime choice that selects one of a
+// function's compile-time variants.
+template <class F>
+ATTNKIT_ALWAYS_INLINE void with_bool(bool b, F&& f) {
+    if (b)
+        f(std::true_type{});
+    else
+        f(std::false_type{});
+}
+
 template <class A, row_kind kKind>
 ATTNKIT_ALWAYS_INLINE void update_head(bool raise, float* n, const float* vr, float e, index_t dv, float* dst, float a,
                                        const float* np, float b, bool stream) {
@@ -154,21 +159,14 @@ ATTNKIT_ALWAYS_INLINE void update_head(bool raise, float* n, const float* vr, fl
     // alias a store follow it too closely, and the two-loop order is used.
     const std::uintptr_t gap = (reinterpret_cast<std::uintptr_t>(dst) - reinterpret_cast<std::uintptr_t>(vr)) & 4095u;
     const bool fused = !kRow || gap == 0 || gap >= 256;
-    if (raise) {
-        if (fused)
-            st ? update_head_as<A, kKind, true, true, true>(n, vr, e, dv, dst, a, np, b)
-               : update_head_as<A, kKind, true, false, true>(n, vr, e, dv, dst, a, np, b);
-        else
-            st ? update_head_as<A, kKind, true, true, false>(n, vr, e, dv, dst, a, np, b)
-               : update_head_as<A, kKind, true, false, false>(n, vr, e, dv, dst, a, np, b);
-    } else {
-        if (fused)
-            st ? update_head_as<A, kKind, false, true, true>(n, vr, e, dv, dst, a, np, b)
-               : update_head_as<A, kKind, false, false, true>(n, vr, e, dv, dst, a, np, b);
-        else
-            st ? update_head_as<A, kKind, false, true, false>(n, vr, e, dv, dst, a, np, b)
-               : update_head_as<A, kKind, false, false, false>(n, vr, e, dv, dst, a, np, b);
-    }
+    with_bool(raise, [&](auto r) {
+        with_bool(st, [&](auto s) {
+            with_bool(fused, [&](auto f) {
+                update_head_as<A, kKind, decltype(r)::value, decltype(s)::value, decltype(f)::value>(n, vr, e, dv, dst, a,
+                                                                                                     np, b);
+            });
+        });
+    });
 }
 
 }  // namespace self_gating

@@ -261,9 +261,10 @@ ATTNKIT_NOINLINE void fix_rows(const problem& p, index_t hk0, index_t hk1, index
         fix_weights<A>(m, z, pre.m, pre.z, nh, st.wa.data(), st.wb.data());
         for (index_t hh = 0; hh < nh; ++hh) {
             if (pre.z[hh] == 0.0f)
-                store_scaled<A>(dst.row(r, hh), src.row(r, hh), st.inv_z[hh], dv, stream);
+                store_row<A, row_kind::scaled>(dst.row(r, hh), src.row(r, hh), st.inv_z[hh], nullptr, 0.0f, dv, stream);
             else
-                store_fixed<A>(dst.row(r, hh), src.row(r, hh), st.wa[hh], pre.n + hh * dvp, st.wb[hh], dv, stream);
+                store_row<A, row_kind::fixed>(dst.row(r, hh), src.row(r, hh), st.wa[hh], pre.n + hh * dvp, st.wb[hh], dv,
+                                              stream);
         }
     }
 }
@@ -277,8 +278,8 @@ ATTNKIT_NOINLINE void fill_rows(const problem& p, index_t b, index_t hk0, index_
     for (index_t l = l0; l < l1; ++l)
         for (index_t hh = 0; hh < nh; ++hh) {
             const float z = st.z[hh];
-            store_scaled<A>(p.out_row(b, l, h0 + hh), st.n + hh * p.dim_vp, z == 0.0f ? 0.0f : 1.0f / z,
-                            p.dim_v, stream);
+            store_row<A, row_kind::scaled>(p.out_row(b, l, h0 + hh), st.n + hh * p.dim_vp, z == 0.0f ? 0.0f : 1.0f / z,
+                                           nullptr, 0.0f, p.dim_v, stream);
         }
 }
 
