@@ -307,8 +307,44 @@ namespace simd {
 // horizontal sums as one transposing reduction (W - 1 adds and shuffles in place of W times
 // log2(W)), so that a kernel computing many dot products never reduces them one by one.
 inline scalar_float hsum_each(const scalar_float* v) noexcept { return v[0]; }
+
+#if defined(__AVX512F__)
+namespace detail_hsum {
+// Sixteen 16-lane vectors. xsimd 8.1's avx512f haddp returns wrong lanes (three of sixteen are
+// sums of other vectors' halves; the Simd.HsumEachReducesEveryVector test catches it), so the
+// AVX-512 form is our own. Three levels, each halving the data:
+//   1. 128-bit blocks: pair(a, b) = [a0+a2, a1+a3, b0+b2, b1+b3] (blocks 0-1 sum to a, 2-3 to b);
+//   2. pair of pairs: g = [a, b, c, d], one 4-float block per vector;
+//   3. within each block, two unpack / shuffle-and-add steps, as SSE's four-vector haddp.
+// Level 3 puts block b of g_j into lane 4 b + j, so g_j holds the vectors j, 4 + j, 8 + j, 12 + j.
+ATTNKIT_ALWAYS_INLINE __m512 fold_pair(__m512 a, __m512 b) noexcept {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+ATTNKIT_ALWAYS_INLINE __m512 fold_quad(__m512 ab, __m512 cd) noexcept {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+ATTNKIT_ALWAYS_INLINE __m512 hsum16(const __m512* v) noexcept {
+    __m512 g[4];
+    for (int j = 0; j < 4; ++j) g[j] = fold_quad(fold_pair(v[j], v[4 + j]), fold_pair(v[8 + j], v[12 + j]));
+    const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(g[0], g[1]), _mm512_unpackhi_ps(g[0], g[1]));
+    const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(g[2], g[3]), _mm512_unpackhi_ps(g[2], g[3]));
+    return _mm512_add_ps(_mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+}  // namespace detail_hsum
+#endif
+
 template <class A>
 inline xsimd::batch<float, A> hsum_each(const xsimd::batch<float, A>* v) noexcept {
+#if defined(__AVX512F__)
+    if constexpr (xsimd::batch<float, A>::size == 16) {
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) r[i] = v[i];
+        return detail_hsum::hsum16(r);
+    }
+#endif
     return xsimd::haddp(v);
 }
 
