@@ -20,9 +20,8 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/Core>
+#include "attnkit/eigen.hpp"  // Eigen, with GCC 12's false AVX-512 warnings silenced
 #include <benchmark/benchmark.h>
-#include <unsupported/Eigen/CXX11/Tensor>
 
 #include "attnkit/embedding_qk.hpp"
 #include "common/bench_main.hpp"

@@ -24,9 +24,8 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/Core>
+#include "attnkit/eigen.hpp"  // Eigen, with GCC 12's false AVX-512 warnings silenced
 #include <benchmark/benchmark.h>
-#include <unsupported/Eigen/CXX11/Tensor>
 
 #include "attnkit/gated_mlp.hpp"
 #include "attnkit/reference/gated_mlp.hpp"

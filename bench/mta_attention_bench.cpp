@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/Core>
+#include "attnkit/eigen.hpp"  // Eigen, with GCC 12's false AVX-512 warnings silenced
 #include <benchmark/benchmark.h>
 
 #include "attnkit/mta_attention.hpp"

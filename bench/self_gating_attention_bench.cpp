@@ -23,7 +23,7 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
-#include <unsupported/Eigen/CXX11/Tensor>
+#include "attnkit/eigen.hpp"  // Eigen, with GCC 12's false AVX-512 warnings silenced
 
 #include "attnkit/reference/self_gating_attention.hpp"
 #include "attnkit/self_gating_attention.hpp"

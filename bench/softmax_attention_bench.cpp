@@ -34,7 +34,7 @@
 #include <utility>
 #include <vector>
 
-#include <Eigen/Core>
+#include "attnkit/eigen.hpp"  // Eigen, with GCC 12's false AVX-512 warnings silenced
 #include <benchmark/benchmark.h>
 
 #include "attnkit/reference/softmax_attention.hpp"

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
-#include <unsupported/Eigen/CXX11/Tensor>
+#include "attnkit/eigen.hpp"  // Eigen, with GCC 12's false AVX-512 warnings silenced
 
 #include "attnkit/attnkit.hpp"
 #include "attnkit/model/decoder.hpp"

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include <unsupported/Eigen/CXX11/Tensor>
+#include "attnkit/eigen.hpp"  // Eigen, with GCC 12's false AVX-512 warnings silenced
 
 namespace {
 

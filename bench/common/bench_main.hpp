@@ -26,7 +26,7 @@
 
 #include <time.h>
 
-#include <Eigen/Core>
+#include "attnkit/eigen.hpp"  // Eigen, with GCC 12's false AVX-512 warnings silenced
 #include <benchmark/benchmark.h>
 
 #include "common/machine.hpp"

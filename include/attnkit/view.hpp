@@ -10,7 +10,7 @@
 #include <string>
 #include <type_traits>
 
-#include <unsupported/Eigen/CXX11/Tensor>
+#include "attnkit/eigen.hpp"
 
 #include "attnkit/config.hpp"
 

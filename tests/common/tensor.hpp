@@ -22,7 +22,7 @@
 #include <type_traits>
 #include <utility>
 
-#include <unsupported/Eigen/CXX11/Tensor>
+#include "attnkit/eigen.hpp"  // Eigen, with GCC 12's false AVX-512 warnings silenced
 
 #include "attnkit/view.hpp"
 

@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include <unsupported/Eigen/CXX11/Tensor>
+#include "attnkit/eigen.hpp"
 
 #include "attnkit/config.hpp"
 #include "attnkit/detail/mta/check.hpp"

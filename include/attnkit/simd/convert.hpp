@@ -19,7 +19,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include <Eigen/Core>
+#include "attnkit/eigen.hpp"
 
 #include "attnkit/simd/simd.hpp"
 
