@@ -1,5 +1,7 @@
 # Script behind the bench_report target: run every benchmark program into JSON, then the report
-# tool on each, and concatenate the Markdown into report.md.
+# tool on each, and concatenate the Markdown into report.md. With the suite and the variants' own
+# programs (bench-all), scripts/recheck_twins.py then re-measures side by side each suite row
+# more than 10% slower than its twin, and scripts/plot_report.py draws the plots and the summary.
 #   cmake -DBENCHES=<exe>|<exe>|... -DREPORT=<report exe> -DOUT_DIR=<dir>
 #         [-DFILTER=<regex>] [-DREPETITIONS=<n>] [-DONLY=<regex on program names>]
 #         -P run_bench_report.cmake
@@ -69,8 +71,28 @@ if(DEFINED PLOT AND EXISTS "${OUT_DIR}/variants.json")
         find_program(_python NAMES python3)
     endif()
     # Every program's JSON of this run: with the variants' own benchmarks (bench-all), the
-    # summary also sets each suite row beside its twin there.
+    # summary also sets each suite row beside its twin there, and recheck_twins.py first
+    # measures again, side by side, each pair that came out more than 10% apart.
     list(REMOVE_ITEM _all_jsons "${OUT_DIR}/variants.json")
+    file(REMOVE "${OUT_DIR}/twin_recheck.json")
+    if(_all_jsons AND _python)
+        get_filename_component(_scripts "${PLOT}" DIRECTORY)
+        set(_ran_benches "")
+        foreach(_bench IN LISTS _benches)
+            get_filename_component(_exe_name "${_bench}" NAME_WE)
+            string(REGEX REPLACE "^attnkit_(.*)_bench$" "\\1" _name "${_exe_name}")
+            if(EXISTS "${OUT_DIR}/${_name}.json")
+                list(APPEND _ran_benches "${_bench}")
+            endif()
+        endforeach()
+        execute_process(COMMAND "${_python}" "${_scripts}/recheck_twins.py" "${OUT_DIR}" ${_ran_benches}
+                        RESULT_VARIABLE _rc)
+        if(_rc EQUAL 0 AND EXISTS "${OUT_DIR}/twin_recheck.json")
+            list(APPEND _all_jsons "${OUT_DIR}/twin_recheck.json")
+        else()
+            message(WARNING "recheck_twins.py failed (${_rc}): the twin table shows the run's ratios only")
+        endif()
+    endif()
     execute_process(COMMAND "${_python}" "${PLOT}" "${OUT_DIR}/plots" "${OUT_DIR}/variants.json" ${_all_jsons}
                     RESULT_VARIABLE _rc)
     if(_rc EQUAL 0 AND EXISTS "${OUT_DIR}/plots/suite.md")

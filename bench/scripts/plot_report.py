@@ -6,7 +6,8 @@
 Also writes OUT_DIR/suite.md: the fastest variant at each L (prefill) and context (decode),
 the lengths from which Taylor and static QK beat standard attention, each decoder schedule's
 throughput relative to the all-standard model and, when the JSON of the variants' own
-benchmark programs is given too (the bench-all preset), each suite row against its twin there.
+benchmark programs is given too (the bench-all preset), each suite row against its twin there;
+a twin_recheck.json among the files (recheck_twins.py) adds the pairs re-measured side by side.
 
 Benchmark names follow bench/variants_bench.cpp:
 
@@ -22,6 +23,7 @@ Needs Debian's python3-matplotlib (cmake/install-deps.sh installs it).
 """
 import json
 import os
+import statistics
 import sys
 from collections import defaultdict
 
@@ -215,8 +217,25 @@ def own_twin(runs, name):
     return None
 
 
-def suite_vs_own(runs):
-    """Markdown: each suite row that has a twin in a variant's own benchmark, time ratio."""
+def load_recheck(paths):
+    """suite row -> (suite ms median, own ms median, rounds) from twin_recheck.json, if given."""
+    out = {}
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        for r in data.get("twin_recheck", []):
+            s, o = r["suite_ms"], r["own_ms"]
+            if s and o:
+                out[r["suite"]] = (statistics.median(s), statistics.median(o), len(s))
+    return out
+
+
+def suite_vs_own(runs, recheck=None):
+    """Markdown: each suite row that has a twin in a variant's own benchmark, time ratio.
+
+    A pair re-measured side by side (recheck_twins.py) is judged by that ratio; the others by
+    the ratio of the run."""
+    recheck = recheck or {}
     rows, slower = [], []
     for name in sorted(runs):
         twin = own_twin(runs, name)
@@ -224,13 +243,25 @@ def suite_vs_own(runs):
             continue
         ms, own_ms = runs[name][0], runs[twin][0]
         ratio = ms / own_ms
-        rows.append([name.split("/min_time")[0], twin.split("/real_time")[0], fmt_ms(ms), fmt_ms(own_ms), "%.2f" % ratio])
+        again = recheck.get(name)
+        cells = [name.split("/min_time")[0], twin.split("/real_time")[0], fmt_ms(ms), fmt_ms(own_ms), "%.2f" % ratio]
+        if again:
+            cells.append("%.2f (%s / %s ms)" % (again[0] / again[1], fmt_ms(again[0]), fmt_ms(again[1])))
+            ratio = again[0] / again[1]
+        else:
+            cells.append("")
+        rows.append(cells)
         if ratio > 1.10:
             slower.append(name)
     if not rows:
         return "", []
     text = "### The suite against each variant's own benchmark (same call, same shape)\n\n"
-    text += table(["suite row", "own benchmark row", "suite ms", "own ms", "suite / own"], rows) + "\n"
+    if recheck:
+        n = max(r[2] for r in recheck.values())
+        text += ("Rows more than 10%% apart in the run were measured again side by side (%d rounds of "
+                 "suite row then twin, the order swapped every other round; medians): the last "
+                 "column, which decides.\n\n" % n)
+    text += table(["suite row", "own benchmark row", "suite ms", "own ms", "suite / own", "re-measured"], rows) + "\n"
     if slower:
         text += "Slower in the suite by more than 10%%: %s\n\n" % ", ".join(slower)
     else:
@@ -244,6 +275,8 @@ def main(argv):
         return 2
     out_dir, paths = argv[1], argv[2:]
     os.makedirs(out_dir, exist_ok=True)
+    rechecks = [p for p in paths if os.path.basename(p) == "twin_recheck.json"]
+    paths = [p for p in paths if p not in rechecks]
     runs, context = load_runs(paths)
     label = machine_label(context)
 
@@ -267,7 +300,7 @@ def main(argv):
 
     written = []
     md = summary(runs, label)
-    own_md, _ = suite_vs_own(runs)
+    own_md, _ = suite_vs_own(runs, load_recheck(rechecks))
     md += own_md
     if md:
         p = os.path.join(out_dir, "suite.md")
