@@ -2,22 +2,12 @@
 // and against current releases alike. This header and simd.hpp are the only ones naming xsimd.
 #pragma once
 
-// GCC 12 reports -Wmaybe-uninitialized (and -Wuninitialized) inside its own AVX-512 intrinsic
-// headers whenever xsimd inlines one of the "undefined register" idioms (`__m512 __Y = __Y;` in
-// _mm512_undefined_ps, used by the masked conversions and rounding): a false positive, GCC bug
-// 105593, fixed in GCC 13. GCC applies a diagnostic pragma if any location of the inlining chain
-// lies inside it, and every such chain passes through xsimd's headers, so ignoring the two
-// warnings around this include silences exactly them, in users' -Werror builds too, without
-// hiding warnings about attnkit's or the user's own code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+// xsimd inside the GCC 12 false AVX-512 warning region (detail/avx512_warnings.hpp).
+#include "attnkit/detail/avx512_warnings.hpp"
+
+ATTNKIT_AVX512_WARNINGS_OFF
 #include <xsimd/xsimd.hpp>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+ATTNKIT_AVX512_WARNINGS_ON
 
 #ifndef XSIMD_VERSION_MAJOR
 #error "attnkit: xsimd did not define XSIMD_VERSION_MAJOR"
