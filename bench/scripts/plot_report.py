@@ -85,9 +85,17 @@ def line_plot(series, xlabel, ylabel, title, path, label):
     if not series:
         return False
     fig, ax = plt.subplots(figsize=(8, 5.5))
+    # A colour per variant and a line style per thread count: with six variants at two thread
+    # counts, matplotlib's ten-colour cycle would give two variants the same colour.
+    names = sorted({key.split(" (")[0] for key in series})
+    colours = plt.get_cmap("tab10")
+    styles = ["-", "--", ":", "-."]
+    threads = sorted({key.split(" (")[-1] for key in series})
     for key in sorted(series):
         pts = sorted(series[key])
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=key)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=key,
+                color=colours(names.index(key.split(" (")[0]) % 10),
+                linestyle=styles[threads.index(key.split(" (")[-1]) % len(styles)])
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
