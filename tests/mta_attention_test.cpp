@@ -362,6 +362,39 @@ TEST(decode, uneven_steps_equal_one_call) {
         }
 }
 
+// A first step of several tokens (a prompt) runs the fused kernel and builds only the ring rows;
+// the steps after it must continue from those rows. Prompts longer and shorter than the
+// c_q,pre + c_q,post - 2 rows the rings keep, and out = q (which takes the token-by-token path).
+TEST(decode, prompt_then_steps_equal_one_call) {
+    int n = 0;
+    for (const std::vector<index_t>& steps : {std::vector<index_t>{40, 1, 1, 20, 8}, std::vector<index_t>{5, 1, 2, 62},
+                                              std::vector<index_t>{2, 1, 67}})
+        for (unsigned s : {unsigned(kAll), unsigned(kPreConv | kPreMix), unsigned(kPostConv)}) {
+            config c;
+            c.B = 2, c.L = 70, c.H = 4, c.Hk = 2, c.G = 2, c.cq = 6, c.ck = 11, c.stages = s, c.seed = 500 + n++;
+            expect_decode_matches(c, steps);
+        }
+}
+
+TEST(decode, prompt_in_place_equals_one_call) {
+    config c;
+    c.B = 1, c.L = 30, c.H = 4, c.Hk = 4, c.D = 16, c.Dv = 16, c.cq = 3, c.ck = 5, c.stages = kAll, c.seed = 77;
+    const problem p(c);
+    const tensor4<float> full = run_fast(p, p.o);
+    attnkit::mta_state st(c.B, c.H, c.Hk, c.D, c.Dv, p.o);
+    tensor4<float> q(1, 20, 4, 16), k(1, 20, 4, 16), v(1, 20, 4, 16);
+    for (index_t t = 0; t < 20; ++t)
+        for (index_t h = 0; h < 4; ++h)
+            for (index_t d = 0; d < 16; ++d) q(0, t, h, d) = p.q(0, t, h, d), k(0, t, h, d) = p.k(0, t, h, d), v(0, t, h, d) = p.v(0, t, h, d);
+    st.step(q, k, v, q);  // out = q
+    const tolerance tol = tolerance_for(kEps, p.magnitude());
+    tensor4<float> want(1, 20, 4, 16);
+    for (index_t t = 0; t < 20; ++t)
+        for (index_t h = 0; h < 4; ++h)
+            for (index_t d = 0; d < 16; ++d) want(0, t, h, d) = full(0, t, h, d);
+    EXPECT_TRUE(all_close(q, want, tol));
+}
+
 TEST(decode, step_rejects_other_shapes) {
     config c;
     const problem p(c);

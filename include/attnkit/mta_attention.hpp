@@ -26,56 +26,13 @@
 #include <utility>
 #include <vector>
 
-#include "attnkit/detail/mta/block_kernel.hpp"
-#include "attnkit/detail/mta/check.hpp"
-#include "attnkit/detail/mta/plan.hpp"
+#include "attnkit/detail/mta/forward.hpp"
 #include "attnkit/detail/mta/state.hpp"
-#include "attnkit/detail/scratch.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "attnkit/view.hpp"
 
 namespace attnkit {
-namespace detail {
-namespace mta {
-
-template <class T, int N>
-strided4 strided(const view<const T, N>& x) {
-    return {x.data, x.strides[0], x.strides[1], x.strides[2]};
-}
-
-template <class A>
-void forward(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
-             const view<float, 4>& out, const mta_options& opts) {
-    const shape ms = check_call(q, k, v, out, opts);
-    if (ms.s.batch == 0 || ms.s.len_q == 0) return;
-    const plan pl = make_plan<A>(ms, opts);
-    problem pr;
-    pr.q = strided(q), pr.k = strided(k), pr.v = strided(v);
-    pr.out = out.data, pr.ob = out.strides[0], pr.ol = out.strides[1], pr.oh = out.strides[2];
-    std::vector<float> stats;
-    if (pl.two_pass) {
-        stats.resize(static_cast<std::size_t>(pl.B * pl.L * pl.H));
-        pr.stats = stats.data();
-    }
-    scratch_slots scratch;
-    // Heavy items first: the last query blocks see the most keys.
-    auto pass = [&](bool stats_only) {
-        parallel_for(opts.pool, pl.n_items(), [&](index_t it) {
-            const index_t qb = pl.n_qblocks - 1 - it / pl.B, b = it % pl.B;
-            const index_t i0 = qb * pl.block_rows, i1 = std::min(pl.L, i0 + pl.block_rows);
-            scratch_lease lease(scratch);
-            std::vector<float>& buf = lease.get();
-            if (static_cast<index_t>(buf.size()) < pl.total) buf.assign(static_cast<std::size_t>(pl.total), 0.0f);
-            block_kernel<A>(pl, pr, buf.data()).run(b, i0, i1, stats_only);
-        });
-    };
-    if (pl.two_pass) pass(true);
-    pass(false);
-}
-
-}  // namespace mta
-}  // namespace detail
 
 template <class Q, class K, class V, class O>
 void mta_attention(const Q& q, const K& k, const V& v, O&& out, const mta_options& opts = {}) {

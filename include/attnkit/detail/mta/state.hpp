@@ -1,13 +1,16 @@
-// attnkit::mta_state: multi-token attention for generation, one token at a time.
+// attnkit::mta_state: multi-token attention for generation.
 //
-// Causality makes every stage of row i final once token i is known: its probabilities P_i (after
-// the pre-softmax convolution, head mixing and softmax) depend only on tokens <= i. A new token
-// t therefore needs
-//   - the scores of the last c_q,pre rows against all keys (from the c_q,pre most recent queries
-//     and the K cache), convolved and mixed into row t's pre-softmax scores, then softmaxed;
-//   - the probability rows t - c_q,post + 1 .. t (kept in a ring), for the post convolution;
+// Causality makes every stage of row i final once token i is known: its raw scores X_i, and its
+// probabilities P_i (after the pre-softmax convolution, head mixing and softmax) depend only on
+// tokens <= i. A new token t therefore needs
+//   - its own score row X_t against all keys (row kernel dot products, detail/row_kernel.hpp),
+//     and the rows t - c_q,pre + 1 .. t - 1 kept from earlier steps (a ring), which the
+//     pre-softmax convolution and head mixing turn into row t's scores, then softmaxed;
+//   - the probability rows t - c_q,post + 1 .. t (a ring), for the post convolution;
 //   - the V cache for P V.
-// Cost per token and head: O(c_q L (D + G c_k)), against O(L^2) for recomputing the layer.
+// Cost per token and head: O(L (D + Dv + G (c_q,pre c_k,pre + c_q,post c_k,post))), against
+// O(L^2) for recomputing the layer. A first step of several tokens (a prompt) runs the fused
+// kernel (detail/mta/forward.hpp) for its outputs and then builds only the rows the rings keep.
 // Outputs equal the matching rows of one mta_attention call over the whole sequence (up to
 // float rounding: the summation order differs).
 #pragma once
@@ -16,9 +19,13 @@
 #include <cmath>
 #include <vector>
 
+#include "attnkit/detail/memory_overlap.hpp"
 #include "attnkit/detail/mta/check.hpp"
+#include "attnkit/detail/mta/forward.hpp"
 #include "attnkit/detail/mta/plan.hpp"
+#include "attnkit/detail/row_kernel.hpp"
 #include "attnkit/options.hpp"
+#include "attnkit/thread_pool.hpp"
 #include "attnkit/view.hpp"
 
 namespace attnkit {
@@ -51,7 +58,7 @@ class mta_state {
         const std::size_t B = static_cast<std::size_t>(s_.batch);
         kc_.assign(B, {});
         vc_.assign(B, {});
-        qring_.assign(B * static_cast<std::size_t>(cq1_ * s_.heads * s_.dim), 0.0f);
+        xring_.assign(B * static_cast<std::size_t>(cq1_), {});
         pring_.assign(B * static_cast<std::size_t>(cq2_), {});
     }
 
@@ -63,8 +70,14 @@ class mta_state {
         const auto kv = detail::k_view(k);
         const auto vv = detail::v_view(v);
         const auto ov = detail::out_view(std::forward<O>(out));
-        static_assert(detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>,
-                      "attnkit::mta_state::step: float storage, as mta_attention");
+        constexpr bool kFloat = detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>;
+        static_assert(kFloat, "attnkit::mta_state::step: float storage, as mta_attention");
+        if constexpr (kFloat) run(qv, kv, vv, ov);  // else: that error alone
+    }
+
+   private:
+    template <class QV, class KV, class VV, class OV>
+    void run(const QV& qv, const KV& kv, const VV& vv, const OV& ov) {
         const detail::attention_shape a = detail::check_qkv(qv, kv, vv);
         detail::check_out("out", ov, a);
         // out = q (the same view) is safe here: a token's query is copied before its output is written.
@@ -80,13 +93,33 @@ class mta_state {
                          std::to_string(s_.heads_k) + ", " + std::to_string(s_.dim) + "], v [B, T, " +
                          std::to_string(s_.heads_k) + ", " + std::to_string(s_.dim_v) + "] as constructed, got q " +
                          shape_string(qv) + ", k " + shape_string(kv) + ", v " + shape_string(vv));
+        // A prompt on an empty state: the fused kernel computes its outputs (it needs out apart
+        // from q), and only the rows the rings keep are built here, the last c_q,pre + c_q,post - 2.
+        if (len_ == 0 && T > 1 && !detail::regions_overlap(detail::region_of("out", ov), detail::region_of("q", qv))) {
+            detail::mta::forward<simd::default_arch>(qv, kv, vv, ov, o_);
+            const index_t first = std::max<index_t>(0, T - (cq1_ + cq2_ - 2));
+            for (index_t b = 0; b < s_.batch; ++b)
+                for (index_t t = 0; t < T; ++t) {
+                    append_kv(b, kv, vv, t);
+                    if (t < first) continue;
+                    x_row(b, t, qv, t);
+                    if (t >= T - cq2_ + 1) p_row(b, t);
+                }
+            len_ = T;
+            return;
+        }
         for (index_t t = 0; t < T; ++t) {
-            for (index_t b = 0; b < s_.batch; ++b) token(b, len_, qv, kv, vv, ov, t);
+            for (index_t b = 0; b < s_.batch; ++b) {
+                append_kv(b, kv, vv, t);
+                x_row(b, len_, qv, t);
+                p_row(b, len_);
+                emit_row(b, len_, ov, t);
+            }
             ++len_;
         }
     }
 
-   private:
+    using arch = simd::default_arch;
     attnkit::detail::attention_shape s_{};
     detail::mta::shape ms_{};
     mta_options o_;
@@ -94,124 +127,195 @@ class mta_state {
     std::vector<float> th_pre_, th_post_, w_pre_, w_post_, norm_w_, gate_w_;
     index_t cq1_ = 1, cq2_ = 1, len_ = 0;
     std::vector<std::vector<float>> kc_, vc_;  // per batch item: [L][Hk][D], [L][Hk][Dv]
-    std::vector<float> qring_;                 // per batch item: the last c_q,pre queries [slot][H][D]
+    std::vector<std::vector<float>> xring_;    // per batch item and slot: score row i, [H][i + 1]
     std::vector<std::vector<float>> pring_;    // per batch item and slot: probability row i, [H][i + 1]
-    std::vector<float> x_, y_, y2_, z_, o_rows_;
+    std::vector<float> qs_, y_, y2_, z_, o_rows_;  // qs_ [H][D], o_rows_ [chunk][H][Dv]
 
-    template <class QV, class KV, class VV, class OV>
-    void token(index_t b, index_t t, const QV& q, const KV& k, const VV& v, const OV& out, index_t tt) {
-        const index_t H = s_.heads, Hk = s_.heads_k, D = s_.dim, Dv = s_.dim_v, grp = s_.group(), n = t + 1;
+    // The convolutions, mixing and softmax work head by head on rows of their own, so heads
+    // split over the pool once a row is long enough (n keys) to pay for the hand-off.
+    static constexpr index_t kParallelKeys = 2048;
+    template <class F>
+    void for_heads(index_t n, F&& fn) const {
+        if (o_.pool && n >= kParallelKeys)
+            parallel_for(o_.pool, s_.heads, [&](std::int64_t h) { fn(static_cast<index_t>(h)); });
+        else
+            for (index_t h = 0; h < s_.heads; ++h) fn(h);
+    }
+    // The K and V walks go key-major (all heads of a key row, then the next row: one sequential
+    // stream; head-major passes read 1/Hk of every line run and ran at half the read bandwidth),
+    // in fixed chunks of keys over the pool. The chunks do not depend on the thread count, nor
+    // does the order P V sums them in, so outputs are the same for any pool.
+    static constexpr index_t kChunkKeys = 2048;  // a multiple of the 8 keys of a row kernel step
+    static index_t chunks(index_t n) { return (n + kChunkKeys - 1) / kChunkKeys; }
+    template <class F>
+    void for_chunks(index_t n, F&& fn) const {
+        const index_t nc = chunks(n);
+        auto one = [&](index_t c) { fn(c, c * kChunkKeys, std::min(n, (c + 1) * kChunkKeys)); };
+        if (o_.pool && nc > 1)
+            parallel_for(o_.pool, nc, [&](std::int64_t c) { one(static_cast<index_t>(c)); });
+        else
+            for (index_t c = 0; c < nc; ++c) one(c);
+    }
+
+    template <class KV, class VV>
+    void append_kv(index_t b, const KV& k, const VV& v, index_t tt) {
         auto& kc = kc_[static_cast<std::size_t>(b)];
         auto& vc = vc_[static_cast<std::size_t>(b)];
-        for (index_t h = 0; h < Hk; ++h) {
-            for (index_t d = 0; d < D; ++d) kc.push_back(static_cast<float>(k(b, tt, h, d)));
-        }
-        for (index_t h = 0; h < Hk; ++h)
-            for (index_t d = 0; d < Dv; ++d) vc.push_back(static_cast<float>(v(b, tt, h, d)));
-        float* qr = qring_.data() + b * cq1_ * H * D;
-        for (index_t h = 0; h < H; ++h)
-            for (index_t d = 0; d < D; ++d) qr[((t % cq1_) * H + h) * D + d] = static_cast<float>(q(b, tt, h, d)) * scale_;
+        for (index_t h = 0; h < s_.heads_k; ++h)
+            for (index_t d = 0; d < s_.dim; ++d) kc.push_back(static_cast<float>(k(b, tt, h, d)));
+        for (index_t h = 0; h < s_.heads_k; ++h)
+            for (index_t d = 0; d < s_.dim_v; ++d) vc.push_back(static_cast<float>(v(b, tt, h, d)));
+    }
 
-        // X rows t - c_q + 1 .. t of every head (0 above the diagonal and before the sequence).
-        x_.assign(static_cast<std::size_t>(cq1_ * H * n), 0.0f);
-        for (index_t a = 0; a < cq1_; ++a) {
-            const index_t i = t + a - (cq1_ - 1);
-            if (i < 0) continue;
-            for (index_t h = 0; h < H; ++h) {
-                const float* qi = qr + ((i % cq1_) * H + h) * D;
-                float* xr = x_.data() + (a * H + h) * n;
-                for (index_t j = 0; j <= i; ++j) {
-                    const float* kj = kc.data() + (j * Hk + h / grp) * D;
-                    float s = 0.0f;
-                    for (index_t d = 0; d < D; ++d) s += qi[d] * kj[d];
-                    xr[j] = s;
-                }
-            }
-        }
-        // Pre-softmax convolution and head mixing of row t.
+    // X row i (every head, keys 0..i) of query tt of q, into its ring slot; the K cache holds
+    // keys 0..i. Eight keys at a time with one transposing reduction, as decode's row kernel.
+    template <class QV>
+    void x_row(index_t b, index_t i, const QV& q, index_t tt) {
+        const index_t H = s_.heads, Hk = s_.heads_k, D = s_.dim, grp = s_.group(), n = i + 1;
+        constexpr index_t KG = detail::kRowScoreKeys;
+        const float* kc = kc_[static_cast<std::size_t>(b)].data();
+        auto& xr = xring_[static_cast<std::size_t>(b * cq1_ + i % cq1_)];
+        xr.assign(static_cast<std::size_t>(H * n), 0.0f);
+        qs_.resize(static_cast<std::size_t>(H * D));
+        for (index_t h = 0; h < H; ++h)
+            for (index_t d = 0; d < D; ++d) qs_[h * D + d] = static_cast<float>(q(b, tt, h, d)) * scale_;
+        for_chunks(n, [&](index_t, index_t j0, index_t j1) {
+            index_t j = j0;
+            for (; j + KG <= j1; j += KG)
+                for (index_t h = 0; h < H; ++h)
+                    detail::score_keys<arch, float>(qs_.data() + h * D, nullptr, kc + (j * Hk + h / grp) * D, Hk * D, D,
+                                                    xr.data() + h * n + j, 1);
+            for (; j < j1; ++j)
+                for (index_t h = 0; h < H; ++h)
+                    xr[h * n + j] = detail::score_key<arch, float>(qs_.data() + h * D, nullptr, kc + (j * Hk + h / grp) * D, D);
+        });
+    }
+
+    // P row i from the X rows i - c_q,pre + 1 .. i: pre-softmax convolution, head mixing, causal
+    // softmax (every key j <= i is visible), into its ring slot.
+    void p_row(index_t b, index_t i) {
+        const index_t H = s_.heads, n = i + 1;
         y_.assign(static_cast<std::size_t>(H * n), 0.0f);
-        if (ms_.pre.on())
-            conv_row(x_.data(), n, th_pre_.data(), ms_.pre, y_.data(), n);
-        else
-            std::copy(x_.begin(), x_.begin() + H * n, y_.begin());
-        if (!w_pre_.empty()) mix_row(y_, n, w_pre_);
-        // Causal softmax of row t: every key j <= t is visible.
-        auto& slot = pring_[static_cast<std::size_t>(b * cq2_ + t % cq2_)];
-        slot.assign(static_cast<std::size_t>(H * n), 0.0f);
-        for (index_t h = 0; h < H; ++h) {
-            const float* y = y_.data() + h * n;
-            const float m = *std::max_element(y, y + n);
-            double z = 0.0;
-            for (index_t j = 0; j < n; ++j) z += std::exp(static_cast<double>(y[j] - m));
-            for (index_t j = 0; j < n; ++j) slot[h * n + j] = static_cast<float>(std::exp(static_cast<double>(y[j] - m)) / z);
+        if (ms_.pre.on()) {
+            conv_rows(xring_, b * cq1_, cq1_, i, th_pre_.data(), ms_.pre, y_.data(), n);
+        } else {
+            const auto& xr = xring_[static_cast<std::size_t>(b * cq1_ + i % cq1_)];
+            std::copy(xr.begin(), xr.end(), y_.begin());
         }
-        // Post-softmax convolution over the kept probability rows, Mask0, head mixing.
+        if (!w_pre_.empty()) mix_row(y_, n, w_pre_);
+        auto& slot = pring_[static_cast<std::size_t>(b * cq2_ + i % cq2_)];
+        slot.resize(static_cast<std::size_t>(H * n));
+        using V = simd::vfloat<arch>;
+        constexpr index_t W = simd::kLanes<arch>;
+        for_heads(n, [&](index_t h) {
+            const float* y = y_.data() + h * n;
+            float* p = slot.data() + h * n;
+            const float m = *std::max_element(y, y + n);
+            const V mv(m);
+            V acc(0.0f);
+            index_t j = 0;
+            for (; j + W <= n; j += W) {
+                const V e = simd::exp(simd::loadu<arch>(y + j) - mv);
+                simd::storeu(p + j, e);
+                acc = acc + e;
+            }
+            float z = simd::hsum(acc);
+            for (; j < n; ++j) z += (p[j] = std::exp(y[j] - m));
+            const float rz = 1.0f / z;
+            for (j = 0; j < n; ++j) p[j] *= rz;
+        });
+    }
+
+    // Output row i (query tt of out): post-softmax convolution over the P rows i - c_q,post + 1
+    // .. i, Mask0, head mixing, P V, then the per-row stages.
+    template <class OV>
+    void emit_row(index_t b, index_t i, const OV& out, index_t tt) {
+        const index_t H = s_.heads, Hk = s_.heads_k, Dv = s_.dim_v, grp = s_.group(), n = i + 1;
+        constexpr index_t KU = detail::kRowValueKeys;
+        const float* vc = vc_[static_cast<std::size_t>(b)].data();
         z_.assign(static_cast<std::size_t>(H * n), 0.0f);
         if (ms_.post.on()) {
-            x_.assign(static_cast<std::size_t>(cq2_ * H * n), 0.0f);
-            for (index_t a = 0; a < cq2_; ++a) {
-                const index_t i = t + a - (cq2_ - 1);
-                if (i < 0) continue;
-                const auto& pr = pring_[static_cast<std::size_t>(b * cq2_ + i % cq2_)];
-                for (index_t h = 0; h < H; ++h)
-                    std::copy(pr.begin() + h * (i + 1), pr.begin() + (h + 1) * (i + 1), x_.begin() + (a * H + h) * n);
-            }
-            conv_row(x_.data(), n, th_post_.data(), ms_.post, z_.data(), n);
+            conv_rows(pring_, b * cq2_, cq2_, i, th_post_.data(), ms_.post, z_.data(), n);
         } else {
-            std::copy(slot.begin(), slot.end(), z_.begin());
+            const auto& pr = pring_[static_cast<std::size_t>(b * cq2_ + i % cq2_)];
+            std::copy(pr.begin(), pr.end(), z_.begin());
         }
         if (!w_post_.empty()) mix_row(z_, n, w_post_);
-        // P V and the per-row stages.
-        o_rows_.assign(static_cast<std::size_t>(Dv), 0.0f);
+        const index_t nc = chunks(n);
+        o_rows_.assign(static_cast<std::size_t>(nc * H * Dv), 0.0f);
         const float depth = o_.norm_layer >= 0 ? static_cast<float>(0.2 + 0.6 * std::exp(-0.3 * static_cast<double>(o_.norm_layer))) : 1.0f;
+        for_chunks(n, [&](index_t c, index_t j0, index_t j1) {
+            float* oc = o_rows_.data() + c * H * Dv;
+            index_t j = j0;
+            for (; j + KU <= j1; j += KU)
+                for (index_t h = 0; h < H; ++h)
+                    detail::accumulate_keys<arch, float>(oc + h * Dv, z_.data() + h * n + j, 1, vc + (j * Hk + h / grp) * Dv,
+                                                         Hk * Dv, Dv);
+            for (; j < j1; ++j)
+                for (index_t h = 0; h < H; ++h)
+                    detail::axpy<arch, float>(oc + h * Dv, z_[h * n + j], vc + (j * Hk + h / grp) * Dv, Dv);
+        });
+        for (index_t c = 1; c < nc; ++c)
+            for (index_t e = 0; e < H * Dv; ++e) o_rows_[e] += o_rows_[c * H * Dv + e];
+        // The per-row stages (cheap: Dv per head) and the stores, in the caller's thread: out is
+        // the user's view, written once per element.
         for (index_t h = 0; h < H; ++h) {
-            std::fill(o_rows_.begin(), o_rows_.end(), 0.0f);
-            const float* p = z_.data() + h * n;
-            for (index_t j = 0; j < n; ++j) {
-                const float* vj = vc.data() + (j * Hk + h / grp) * Dv;
-                for (index_t d = 0; d < Dv; ++d) o_rows_[d] += p[j] * vj[d];
-            }
+            float* o = o_rows_.data() + h * Dv;
             float sc = depth;
             if (!norm_w_.empty()) {
                 float ss = 0.0f;
-                for (float e : o_rows_) ss += e * e;
+                for (index_t d = 0; d < Dv; ++d) ss += o[d] * o[d];
                 const float r = 1.0f / std::sqrt(ss / static_cast<float>(Dv) + o_.norm_eps);
-                for (index_t d = 0; d < Dv; ++d) o_rows_[d] *= r * norm_w_[d];
+                for (index_t d = 0; d < Dv; ++d) o[d] *= r * norm_w_[d];
             }
             if (!gate_w_.empty()) {
                 float g = o_.gate_bias;
-                for (index_t d = 0; d < Dv; ++d) g += o_rows_[d] * sc * gate_w_[d];
+                for (index_t d = 0; d < Dv; ++d) g += o[d] * sc * gate_w_[d];
                 sc *= 1.0f / (1.0f + std::exp(-g));
             }
-            for (index_t d = 0; d < Dv; ++d) out(b, tt, h, d) = o_rows_[d] * sc;
+            for (index_t d = 0; d < Dv; ++d) out(b, tt, h, d) = o[d] * sc;
         }
     }
 
-    // y[h][j] (j < n, row t) = sum_{m, a, c} th[h, m, a, c] x[a][(h / G) G + m][j + c - hk], with x
-    // rows [c_q][H][ld] (0 outside [0, n)), then Mask0 is implicit: only j <= t is computed.
-    void conv_row(const float* x, index_t ld, const float* th, const detail::mta::conv_shape& cs, float* y, index_t n) const {
-        const index_t H = s_.heads, G = cs.groups, cq = cs.c_q, ck = cs.c_k, hk = cs.key_halo();
-        for (index_t h = 0; h < H; ++h)
-            for (index_t m = 0; m < G; ++m)
+    // y[h][j] (j < n, row i) = sum_{m, a, c} th[h, m, a, c] x_{r}[(h / G) G + m][j + c - hk] over
+    // the ring rows r = i + a - c_q + 1 (slots ring[base + r % c_q], each [H][r + 1], 0 outside
+    // [0, r] and for r < 0); Mask0 is implicit: only j <= i is computed.
+    void conv_rows(const std::vector<std::vector<float>>& ring, index_t base, index_t cq_ring, index_t i,
+                   const float* th, const detail::mta::conv_shape& cs, float* y, index_t n) const {
+        const index_t G = cs.groups, cq = cs.c_q, ck = cs.c_k, hk = cs.key_halo();
+        // Tiles of kConvTile outputs stay in L1 over the c_q c_k G passes that add into them.
+        constexpr index_t kConvTile = 512;
+        for_heads(n, [&](index_t h) {
+            float* yr = y + h * n;
+            for (index_t t0 = 0; t0 < n; t0 += kConvTile) {
+                const index_t t1 = std::min(n, t0 + kConvTile);
                 for (index_t a = 0; a < cq; ++a) {
-                    const float* xr = x + (a * H + (h / G) * G + m) * ld;
-                    for (index_t c = 0; c < ck; ++c) {
-                        const float w = th[((h * G + m) * cq + a) * ck + c];
-                        const index_t sh = c - hk, j0 = std::max<index_t>(0, -sh), j1 = std::min(n, ld - sh);
-                        float* yr = y + h * n;
-                        for (index_t j = j0; j < j1; ++j) yr[j] += w * xr[j + sh];
+                    const index_t r = i + a - (cq - 1);
+                    if (r < 0) continue;
+                    const float* x = ring[static_cast<std::size_t>(base + r % cq_ring)].data();
+                    const index_t len = r + 1;
+                    for (index_t m = 0; m < G; ++m) {
+                        const float* xr = x + ((h / G) * G + m) * len;
+                        for (index_t c = 0; c < ck; ++c) {
+                            const float w = th[((h * G + m) * cq + a) * ck + c];
+                            const index_t sh = c - hk, j0 = std::max(t0, -sh), j1 = std::min(t1, len - sh);
+                            for (index_t j = j0; j < j1; ++j) yr[j] += w * xr[j + sh];
+                        }
                     }
                 }
+            }
+        });
     }
 
     void mix_row(std::vector<float>& y, index_t n, const std::vector<float>& w) {
         const index_t H = s_.heads;
         y2_.assign(static_cast<std::size_t>(H * n), 0.0f);
-        for (index_t h = 0; h < H; ++h)
+        for_heads(n, [&](index_t h) {
             for (index_t g = 0; g < H; ++g) {
                 const float wg = w[static_cast<std::size_t>(h * H + g)];
                 for (index_t j = 0; j < n; ++j) y2_[h * n + j] += wg * y[g * n + j];
             }
+        });
         y.swap(y2_);
     }
 };
