@@ -395,6 +395,45 @@ TEST(decode, prompt_in_place_equals_one_call) {
     EXPECT_TRUE(all_close(q, want, tol));
 }
 
+// Past 2048 keys a step splits heads and key chunks over the pool; the chunks and the order P V
+// sums them in are fixed, so every thread count gives the same bits.
+TEST(decode, steps_identical_for_any_thread_count) {
+    config c;
+    c.B = 1, c.L = 2070, c.H = 4, c.Hk = 2, c.D = 16, c.Dv = 8, c.G = 2, c.cq = 6, c.ck = 11, c.stages = kAll, c.seed = 91;
+    const problem p(c);
+    auto run = [&](attnkit::thread_pool* pool) {
+        mta_options o = p.o;
+        o.pool = pool;
+        attnkit::mta_state st(1, c.H, c.Hk, c.D, c.Dv, o);
+        tensor4<float> out(1, c.L, c.H, c.Dv);
+        out.setConstant(kNaN);
+        const index_t prompt = 2050;
+        auto rows = [&](const tensor4<float>& x, index_t t0, index_t t1) {
+            tensor4<float> r(1, t1 - t0, x.dimension(2), x.dimension(3));
+            for (index_t t = t0; t < t1; ++t)
+                for (index_t h = 0; h < x.dimension(2); ++h)
+                    for (index_t d = 0; d < x.dimension(3); ++d) r(0, t - t0, h, d) = x(0, t, h, d);
+            return r;
+        };
+        for (index_t t0 = 0; t0 < c.L;) {
+            const index_t t1 = t0 == 0 ? prompt : t0 + 1;
+            tensor4<float> o_rows(1, t1 - t0, c.H, c.Dv);
+            st.step(rows(p.q, t0, t1), rows(p.k, t0, t1), rows(p.v, t0, t1), o_rows);
+            for (index_t t = t0; t < t1; ++t)
+                for (index_t h = 0; h < c.H; ++h)
+                    for (index_t d = 0; d < c.Dv; ++d) out(0, t, h, d) = o_rows(0, t - t0, h, d);
+            t0 = t1;
+        }
+        return out;
+    };
+    const tensor4<float> one = run(nullptr);
+    for (std::size_t n : {2u, 3u}) {
+        attnkit::thread_pool pool(n);
+        const tensor4<float> more = run(&pool);
+        EXPECT_TRUE(all_close(more, one, 0.0, 0.0)) << n << " threads";
+    }
+}
+
 TEST(decode, step_rejects_other_shapes) {
     config c;
     const problem p(c);
