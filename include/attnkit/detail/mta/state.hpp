@@ -129,7 +129,7 @@ class mta_state {
     std::vector<std::vector<float>> kc_, vc_;  // per batch item: [L][Hk][D], [L][Hk][Dv]
     std::vector<std::vector<float>> xring_;    // per batch item and slot: score row i, [H][i + 1]
     std::vector<std::vector<float>> pring_;    // per batch item and slot: probability row i, [H][i + 1]
-    std::vector<float> qs_, y_, y2_, z_, o_rows_;  // qs_ [H][D], o_rows_ [chunk][H][Dv]
+    std::vector<float> qs_, y_, y2_, z_, o_rows_;  // qs_ [H][Dp], o_rows_ [chunk][H][Dv]
 
     // The convolutions, mixing and softmax work head by head on rows of their own, so heads
     // split over the pool once a row is long enough (n keys) to pay for the hand-off.
@@ -176,18 +176,22 @@ class mta_state {
         const float* kc = kc_[static_cast<std::size_t>(b)].data();
         auto& xr = xring_[static_cast<std::size_t>(b * cq1_ + i % cq1_)];
         xr.assign(static_cast<std::size_t>(H * n), 0.0f);
-        qs_.resize(static_cast<std::size_t>(H * D));
+        // Rows padded to whole vectors: the row kernel reads q a full vector at a time, also for
+        // the last D % W elements (the keys' partial loads zero the lanes past D).
+        constexpr index_t W = simd::kLanes<arch>;
+        const index_t Dp = (D + W - 1) / W * W;
+        qs_.assign(static_cast<std::size_t>(H * Dp), 0.0f);
         for (index_t h = 0; h < H; ++h)
-            for (index_t d = 0; d < D; ++d) qs_[h * D + d] = static_cast<float>(q(b, tt, h, d)) * scale_;
+            for (index_t d = 0; d < D; ++d) qs_[h * Dp + d] = static_cast<float>(q(b, tt, h, d)) * scale_;
         for_chunks(n, [&](index_t, index_t j0, index_t j1) {
             index_t j = j0;
             for (; j + KG <= j1; j += KG)
                 for (index_t h = 0; h < H; ++h)
-                    detail::score_keys<arch, float>(qs_.data() + h * D, nullptr, kc + (j * Hk + h / grp) * D, Hk * D, D,
+                    detail::score_keys<arch, float>(qs_.data() + h * Dp, nullptr, kc + (j * Hk + h / grp) * D, Hk * D, D,
                                                     xr.data() + h * n + j, 1);
             for (; j < j1; ++j)
                 for (index_t h = 0; h < H; ++h)
-                    xr[h * n + j] = detail::score_key<arch, float>(qs_.data() + h * D, nullptr, kc + (j * Hk + h / grp) * D, D);
+                    xr[h * n + j] = detail::score_key<arch, float>(qs_.data() + h * Dp, nullptr, kc + (j * Hk + h / grp) * D, D);
         });
     }
 
