@@ -63,7 +63,7 @@ inline void prefetch_rows(const SrcT* src, index_t src_stride, index_t j_begin, 
 }
 
 template <class A>
-ATTNKIT_ALWAYS_INLINE void scores_tile(const float* ATTNKIT_RESTRICT kp, const float* ATTNKIT_RESTRICT qt,
+ATTNKIT_ALWAYS_INLINE void scores_tile(const float* ATTNKIT_RESTRICT kp, index_t ld, const float* ATTNKIT_RESTRICT qt,
                                        index_t dim, float* ATTNKIT_RESTRICT st, index_t valid,
                                        simd::vfloat<A>* ATTNKIT_RESTRICT mx) {
     using V = simd::vfloat<A>;
@@ -78,7 +78,7 @@ ATTNKIT_ALWAYS_INLINE void scores_tile(const float* ATTNKIT_RESTRICT kp, const f
         V qv[kNR];
         for (int n = 0; n < kNR; ++n) qv[n] = simd::loadu<A>(qt + d * RT + n * W);
         for (int m = 0; m < MR; ++m) {
-            const V kb(kp[m * dim + d]);
+            const V kb(kp[m * ld + d]);
             for (int n = 0; n < kNR; ++n) acc[m][n] = simd::fma(kb, qv[n], acc[m][n]);
         }
     }
@@ -91,16 +91,19 @@ ATTNKIT_ALWAYS_INLINE void scores_tile(const float* ATTNKIT_RESTRICT kp, const f
         }
 }
 
-// All keys of a dense K tile [rounded-up n_keys][dim] against one row panel; S^T rows past n_keys
-// are computed from whatever the tile holds there and never read. mx[n] (in/out) takes the
-// max over the block's scores of each row. Panel-level functions stay out of line: each call is
-// tens of thousands of FMAs, and separate symbols keep profiles readable.
+// All keys of a dense K tile [rounded-up n_keys][ld] (ld >= dim, ld = dim unless given) against
+// one row panel; S^T rows past n_keys are computed from whatever the tile holds there and never
+// read. mx[n] (in/out) takes the max over the block's scores of each row. The backward runs the
+// same kernel with the roles turned (query rows broadcast, keys in lanes: detail/backward/).
+// Panel-level functions stay out of line: each call is tens of thousands of FMAs, and separate
+// symbols keep profiles readable.
 template <class A>
 ATTNKIT_NOINLINE void scores_panel(const float* kp, index_t n_keys, const float* qt, index_t dim, float* st,
-                                   simd::vfloat<A>* mx) {
+                                   simd::vfloat<A>* mx, index_t ld = 0) {
     constexpr int MR = tile_traits<A>::kMR;
     constexpr index_t RT = tile_traits<A>::kTileRows;
-    for (index_t j = 0; j < n_keys; j += MR) scores_tile<A>(kp + j * dim, qt, dim, st + j * RT, n_keys - j, mx);
+    if (ld == 0) ld = dim;
+    for (index_t j = 0; j < n_keys; j += MR) scores_tile<A>(kp + j * ld, ld, qt, dim, st + j * RT, n_keys - j, mx);
 }
 
 // kGuardMasked: a masked row has p = 0 for a key it must not see, and 0 * inf = NaN would carry

@@ -33,7 +33,7 @@ ATTNKIT_ALWAYS_INLINE void gemm_tile(const float* ap, const float* bp, index_t k
     V unused_max[kVecs];  // scores_tile's per-row max, skipped with valid = 0
     // The tile's rows of C are read (or written) last; their lines arrive while the FMAs run.
     for (index_t m = 0; m < mr; ++m) ATTNKIT_PREFETCH(c + m * ldc);
-    scores_tile<A>(ap, bp, kc, acc, 0, unused_max);
+    scores_tile<A>(ap, kc, bp, kc, acc, 0, unused_max);
     if (mr == MR && nr == NR) {
         for (index_t m = 0; m < MR; ++m)
             for (int n = 0; n < kVecs; ++n) {

@@ -1,0 +1,75 @@
+// Gradient row policies of the backward tile kernel (backward/tile_kernel.hpp): what a variant
+// does to a tile of recomputed scores to get the weights that multiply V (P) and, from
+// dP = dO V^T, the gradient of the raw scores (dS). The kernel owns everything else (tiling,
+// packing, masks, block skipping, the micro-kernels, the partition), as the forward's tile
+// kernel does with row_transform.hpp's policies.
+//
+// A tile is [n_rows][kTileRows] with query rows broadcast and keys in lanes (the backward turns
+// the forward's roles: its reductions over query rows, dK and dV, then run along lanes). Per
+// row the policy gets two statistics the kernel prepared from the forward's outputs:
+//   stat_a[r]   softmax: lse in log2 units (+inf for a row without visible keys)
+//   stat_b[r]   softmax: D_r = <dO_r, O_r>
+// and the row's visible key interval [lo[r], hi[r]). A policy is a small copyable struct with
+//   grads<A>(s, dp, n_rows, key0, masked, lo, hi, stat_a, stat_b)
+//       s:  in the scores as the forward's packed queries give them, out P
+//       dp: in dP, out dS (the gradient of the score before scaling)
+//       entries of keys a row does not see become exactly 0 (by selection, never by a product,
+//       so that a NaN or Inf there stays out of the gradients)
+#pragma once
+
+#include "attnkit/detail/online_softmax.hpp"
+#include "attnkit/detail/tile_traits.hpp"
+
+namespace attnkit {
+namespace detail {
+namespace backward {
+
+// Softmax: P = 2^(s - lse2), dS = P (dP - D_r); under a soft-cap the scores arrive raw (scaled,
+// not in log2 units, as the forward packs them), are capped here exactly as the forward caps
+// them, and dS takes the factor 1 - tanh^2.
+struct softmax_grad_rows {
+    float softcap = 0.0f;  // > 0: the forward's soft-cap c
+
+    template <class A>
+    ATTNKIT_NOINLINE void grads(float* s, float* dp, index_t n_rows, index_t key0, bool masked, const index_t* lo,
+                                const index_t* hi, const float* lse2, const float* d_row) const {
+        using V = simd::vfloat<A>;
+        constexpr int kNR = tile_traits<A>::kNR;
+        constexpr index_t W = tile_traits<A>::kLanes;
+        constexpr index_t RT = tile_traits<A>::kTileRows;
+        const V zero(0.0f), one(1.0f);
+        const V inv_cap(softcap > 0.0f ? 1.0f / softcap : 0.0f), cap_log2(softcap * simd::kLog2e);
+        V key[kNR];
+        for (int n = 0; n < kNR; ++n) {
+            alignas(64) float idx[W];
+            for (index_t l = 0; l < W; ++l) idx[l] = static_cast<float>(key0 + n * W + l);
+            key[n] = simd::loadu<A>(idx);
+        }
+        for (index_t r = 0; r < n_rows; ++r) {
+            const V m(lse2[r]), d(d_row[r]);
+            const V lov(static_cast<float>(lo[r])), hiv(static_cast<float>(hi[r]));
+            for (int n = 0; n < kNR; ++n) {
+                float* sp = s + r * RT + n * W;
+                float* dpp = dp + r * RT + n * W;
+                V x = simd::loadu<A>(sp), th(0.0f);
+                if (softcap > 0.0f) {  // as the forward: c log2(e) tanh(raw / c)
+                    th = simd::tanh(x * inv_cap);
+                    x = cap_log2 * th;
+                }
+                V p = simd::exp2(x - m);
+                V ds = p * (simd::loadu<A>(dpp) - d);
+                if (softcap > 0.0f) ds = ds * (one - th * th);
+                if (masked) {
+                    p = simd::select(key[n] < lov, zero, simd::select(key[n] >= hiv, zero, p));
+                    ds = simd::select(key[n] < lov, zero, simd::select(key[n] >= hiv, zero, ds));
+                }
+                simd::storeu(sp, p);
+                simd::storeu(dpp, ds);
+            }
+        }
+    }
+};
+
+}  // namespace backward
+}  // namespace detail
+}  // namespace attnkit
