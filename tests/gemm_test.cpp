@@ -226,3 +226,45 @@ TEST(gemm, any_block_grid_gives_the_bits_of_one_product) {
 }
 
 }  // namespace
+
+namespace {
+
+// The transpose of a padded matrix, in a padded matrix of its own.
+padded transposed(const padded& x, index_t pad) {
+    padded t(x.cols, x.rows, pad, distribution::uniform, 1);
+    for (index_t i = 0; i < x.rows; ++i)
+        for (index_t j = 0; j < x.cols; ++j) t.at(j, i) = x.at(i, j);
+    return t;
+}
+
+// op(A) op(B) with A and B given as stored transposes: the same bound as the plain product, on
+// the row and tile edges and across the cache blocks, assign and add, default and scalar arch.
+TEST(gemm, transposed_operands_match_plain_loops) {
+    using attnkit::detail::gemm_op;
+    std::uint64_t seed = 9000;
+    for (index_t M : {index_t(1), index_t(2), kMR - 1, kMR, kMR + 1, 3 * kMR + 2, index_t(150)})
+        for (index_t N : {index_t(1), kNR - 1, kNR, kNR + 1, 3 * kNR + 2})
+            for (index_t K : {index_t(1), index_t(7), index_t(257)}) {
+                const padded a(M, K, 2, distribution::gaussian, seed++), b(K, N, 3, distribution::gaussian, seed++);
+                const padded at = transposed(a, 1), bt = transposed(b, 4);
+                for (int ops = 1; ops < 4; ++ops) {
+                    const bool ta = ops & 1, tb = ops & 2;
+                    const auto ar = ta ? at.cref() : a.cref();
+                    const auto br = tb ? bt.cref() : b.cref();
+                    const gemm_op oa = ta ? gemm_op::transpose : gemm_op::none;
+                    const gemm_op ob = tb ? gemm_op::transpose : gemm_op::none;
+                    padded c(M, N, 1, distribution::uniform, seed++);
+                    attnkit::detail::gemm(ar, oa, br, ob, c.ref());
+                    ASSERT_TRUE(matches_product(a, b, c, nullptr)) << "ta " << ta << " tb " << tb;
+                    const padded c0(M, N, 1, distribution::gaussian, seed++);
+                    padded ca = c0;
+                    attnkit::detail::gemm(ar, oa, br, ob, ca.ref(), gemm_mode::add);
+                    ASSERT_TRUE(matches_product(a, b, ca, &c0)) << "add, ta " << ta << " tb " << tb;
+                    padded s(M, N, 1, distribution::uniform, seed++);
+                    attnkit::detail::gemm_on<attnkit::simd::scalar_arch>(ar, oa, br, ob, s.ref());
+                    ASSERT_TRUE(matches_product(a, b, s, nullptr)) << "scalar, ta " << ta << " tb " << tb;
+                }
+            }
+}
+
+}  // namespace

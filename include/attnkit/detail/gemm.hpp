@@ -65,6 +65,33 @@ inline void gemm(const matrix_ref<const float>& a, const matrix_ref<const float>
     gemm_on<simd::default_arch>(a, b, c, mode);
 }
 
+// Which operand a matrix_ref holds: the factor itself, or its transpose (the backward passes'
+// products A^T B and A B^T, read in place: a transposed copy would cost a pass over memory).
+enum class gemm_op { none, transpose };
+
+// C = op_a(A) op_b(B) (or +=): a and b are the matrices as stored, so op_a = transpose takes
+// a [K, M] and op_b = transpose takes b [N, K]; C [M, N]. Same determinism as gemm_on.
+template <class A>
+void gemm_on(const matrix_ref<const float>& a, gemm_op op_a, const matrix_ref<const float>& b, gemm_op op_b,
+             const matrix_ref<float>& c, gemm_mode mode = gemm_mode::assign) {
+    const bool ta = op_a == gemm_op::transpose, tb = op_b == gemm_op::transpose;
+    const index_t K = ta ? a.rows : a.cols;
+    if (c.rows == 0 || c.cols == 0) return;
+    if (K == 0) {
+        if (mode == gemm_mode::assign)
+            for (index_t i = 0; i < c.rows; ++i)
+                for (index_t j = 0; j < c.cols; ++j) c.data[i * c.stride + j] = 0.0f;
+        return;
+    }
+    gemm_packed<A>(a.data, a.stride, b.data, b.stride, c.data, c.stride, c.rows, c.cols, K, mode == gemm_mode::add,
+                   ta, tb);
+}
+
+inline void gemm(const matrix_ref<const float>& a, gemm_op op_a, const matrix_ref<const float>& b, gemm_op op_b,
+                 const matrix_ref<float>& c, gemm_mode mode = gemm_mode::assign) {
+    gemm_on<simd::default_arch>(a, op_a, b, op_b, c, mode);
+}
+
 // Rows per block of gemm_rows. Large enough that re-packing B per block costs a few percent of
 // the block's FLOPs (B is packed once per block: K*N loads against 2*rows*K*N FLOPs), small
 // enough that two threads share N = 512 rows evenly.

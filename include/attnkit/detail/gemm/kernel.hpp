@@ -204,14 +204,17 @@ void gemm_few_rows_dispatch(index_t rows, const float* a, index_t lda, const flo
 }
 
 // C (= or +=) A B for row-major A [M, K] (row stride lda), B [K, N] (ldb), C [M, N] (ldc),
-// M, N, K > 0, on the calling thread.
+// M, N, K > 0, on the calling thread. trans_a: a holds A^T [K, M] (row stride lda); trans_b: b
+// holds B^T [N, K] (ldb); packing reads them in place (pack.hpp), the rest is unchanged.
 template <class A>
 void gemm_packed(const float* a, index_t lda, const float* b, index_t ldb, float* c, index_t ldc, index_t M,
-                 index_t N, index_t K, bool add) {
+                 index_t N, index_t K, bool add, bool trans_a = false, bool trans_b = false) {
     using T = gemm_traits<A>;
     const index_t kc_max = gemm_piece(K, T::kMaxKc, 1);
-    if (M == 1) return gemm_one_row<A>(a, b, ldb, c, N, K, kc_max, add);
-    if (M <= T::kMR) return gemm_few_rows_dispatch<A>(M, a, lda, b, ldb, c, ldc, N, K, kc_max, add);
+    if (!trans_a && !trans_b) {  // the unpacked paths read row-major operands directly
+        if (M == 1) return gemm_one_row<A>(a, b, ldb, c, N, K, kc_max, add);
+        if (M <= T::kMR) return gemm_few_rows_dispatch<A>(M, a, lda, b, ldb, c, ldc, N, K, kc_max, add);
+    }
     const index_t mc_max = gemm_piece(M, T::kMaxMc, T::kMR);
     const index_t nc_max = gemm_piece(N, T::kMaxNc, T::kNR);
     gemm_scratch& s = thread_gemm_scratch();
@@ -221,10 +224,16 @@ void gemm_packed(const float* a, index_t lda, const float* b, index_t ldb, float
         const index_t nc = N - jc < nc_max ? N - jc : nc_max;
         for (index_t pc = 0; pc < K; pc += kc_max) {
             const index_t kc = K - pc < kc_max ? K - pc : kc_max;
-            gemm_pack_b<T::kNR>(b + pc * ldb + jc, ldb, kc, nc, bp);
+            if (trans_b)
+                gemm_pack_b_t<T::kNR>(b + jc * ldb + pc, ldb, kc, nc, bp);
+            else
+                gemm_pack_b<T::kNR>(b + pc * ldb + jc, ldb, kc, nc, bp);
             for (index_t ic = 0; ic < M; ic += mc_max) {
                 const index_t mc = M - ic < mc_max ? M - ic : mc_max;
-                gemm_pack_a<T::kMR>(a + ic * lda + pc, lda, mc, kc, ap);
+                if (trans_a)
+                    gemm_pack_a_t<T::kMR>(a + pc * lda + ic, lda, mc, kc, ap);
+                else
+                    gemm_pack_a<T::kMR>(a + ic * lda + pc, lda, mc, kc, ap);
                 gemm_macro<A>(ap, bp, mc, nc, kc, c + ic * ldc + jc, ldc, pc == 0 && !add);
             }
         }

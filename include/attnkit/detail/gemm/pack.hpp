@@ -6,6 +6,11 @@
 //   B block  [kc, nc] of row-major B -> ceil(nc / kNR) micro-panels of kc x kNR, row d of a
 //            panel the kNR floats B[d][j0 .. j0 + kNR)
 //
+// A transposed operand (the backward passes' A^T B and A B^T) is packed into the same layouts
+// from its stored form, so the register tile and the blocking never see the difference:
+//   gemm_pack_a_t: A = At^T, At [K, M] row-major: row d of At gives column d of a micro-panel
+//   gemm_pack_b_t: B = Bt^T, Bt [N, K] row-major: row j of Bt gives column j of a micro-panel
+//
 // Rows and columns past the block's edge are zero, so edge tiles run the same full-size
 // kernel; their extra results are computed and never stored.
 #pragma once
@@ -46,6 +51,36 @@ inline void gemm_pack_b(const float* b, index_t ldb, index_t kc, index_t nc, flo
             std::memcpy(tail, src + full * kNR, static_cast<std::size_t>(rest) * sizeof(float));
             std::fill_n(tail + rest, kNR - rest, 0.0f);
         }
+    }
+}
+
+// A [mc, kc] block of A = At^T, At row-major with row stride ldat (the block starts at At's
+// column i0 = 0 of the pointer given, row 0). Reads kMR consecutive floats of a row of At per
+// step (one line), writes them down a micro-panel's column.
+template <index_t kMR>
+inline void gemm_pack_a_t(const float* at, index_t ldat, index_t mc, index_t kc, float* ATTNKIT_RESTRICT ap) {
+    for (index_t i0 = 0; i0 < mc; i0 += kMR, ap += kMR * kc) {
+        const index_t nm = mc - i0 < kMR ? mc - i0 : kMR;
+        for (index_t d = 0; d < kc; ++d) {
+            const float* src = at + d * ldat + i0;
+            for (index_t m = 0; m < nm; ++m) ap[m * kc + d] = src[m];
+            for (index_t m = nm; m < kMR; ++m) ap[m * kc + d] = 0.0f;
+        }
+    }
+}
+
+// A [kc, nc] block of B = Bt^T, Bt row-major with row stride ldbt: column j of the block is the
+// contiguous row j of Bt.
+template <index_t kNR>
+inline void gemm_pack_b_t(const float* bt, index_t ldbt, index_t kc, index_t nc, float* ATTNKIT_RESTRICT bp) {
+    for (index_t j0 = 0; j0 < nc; j0 += kNR, bp += kc * kNR) {
+        const index_t nn = nc - j0 < kNR ? nc - j0 : kNR;
+        for (index_t n = 0; n < nn; ++n) {
+            const float* src = bt + (j0 + n) * ldbt;
+            for (index_t d = 0; d < kc; ++d) bp[d * kNR + n] = src[d];
+        }
+        for (index_t n = nn; n < kNR; ++n)
+            for (index_t d = 0; d < kc; ++d) bp[d * kNR + n] = 0.0f;
     }
 }
 
