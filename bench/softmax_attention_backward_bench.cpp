@@ -5,9 +5,9 @@
 //   backward      attnkit::softmax_attention_backward (fused, FlashAttention-2 style)
 //   materialised  the math path (what PyTorch's non-fused CPU backward does): per (batch, head)
 //                 S = Q K^T, P from lse, dV = P^T dO, dP = dO V^T, dS = P (dP - D), dQ = dS K,
-//                 dK = dS^T Q, every product on attnkit's GEMM (detail/gemm.hpp) over the
-//                 materialised L x L matrices (transposes copied); L <= 4096 (4 L^2 floats per
-//                 thread).
+//                 dK = dS^T Q, every product on attnkit's GEMM (detail/gemm.hpp, transposed
+//                 operands read in place) over two materialised L x L matrices per thread;
+//                 L <= 4096.
 // Counters: FLOP/s and peak_frac against the FMA peak of the same run (common/bench_main.hpp),
 // the backward's FLOPs counted as 2.5x the forward's (five products against two,
 // FlashAttention-2's convention, common/flops.hpp for the forward); extra_MiB, the peak of heap
@@ -122,38 +122,36 @@ void materialised_backward(problem& p, const attnkit::softmax_options& o) {
     // One thread per (batch, key/value head): its G query heads add into the same dK, dV.
     attnkit::parallel_for(o.pool, B * Hk, [&](index_t it) {
         const index_t b = it / Hk, hk = it % Hk;
-        std::vector<float> qh(L * D), kh(L * D), kt(D * L), vh(L * Dv), vt(Dv * L), doh(L * Dv), s(L * L), pt(L * L),
-            dp(L * L), dst(L * L), dqh(L * D), dkh(L * D), dvh(L * Dv);
-        for (index_t j = 0; j < L; ++j)
-            for (index_t d = 0; d < D; ++d) kh[j * D + d] = kt[d * L + j] = p.k(b, j, hk, d);
-        for (index_t j = 0; j < L; ++j)
-            for (index_t c = 0; c < Dv; ++c) vh[j * Dv + c] = vt[c * L + j] = p.v(b, j, hk, c);
+        std::vector<float> qh(L * D), kh(L * D), vh(L * Dv), doh(L * Dv), pm(L * L), dp(L * L), dqh(L * D), dkh(L * D),
+            dvh(L * Dv);
+        for (index_t j = 0; j < L; ++j) {
+            for (index_t d = 0; d < D; ++d) kh[j * D + d] = p.k(b, j, hk, d);
+            for (index_t c = 0; c < Dv; ++c) vh[j * Dv + c] = p.v(b, j, hk, c);
+        }
+        const auto none = ad::gemm_op::none, tr = ad::gemm_op::transpose;
         for (index_t g = 0; g < G; ++g) {
             const index_t h = hk * G + g;
             for (index_t i = 0; i < L; ++i) {
                 for (index_t d = 0; d < D; ++d) qh[i * D + d] = p.q(b, i, h, d);
                 for (index_t c = 0; c < Dv; ++c) doh[i * Dv + c] = p.dout(b, i, h, c);
             }
-            ad::gemm({qh.data(), L, D, D}, {kt.data(), D, L, L}, {s.data(), L, L, L});    // S = Q K^T
-            ad::gemm({doh.data(), L, Dv, Dv}, {vt.data(), Dv, L, L}, {dp.data(), L, L, L});  // dP = dO V^T
+            ad::gemm({qh.data(), L, D, D}, none, {kh.data(), L, D, D}, tr, {pm.data(), L, L, L});      // S = Q K^T
+            ad::gemm({doh.data(), L, Dv, Dv}, none, {vh.data(), L, Dv, Dv}, tr, {dp.data(), L, L, L});  // dP = dO V^T
             for (index_t i = 0; i < L; ++i) {
                 const float lse = p.lse(b, i, h);
                 float di = 0.0f;
                 for (index_t c = 0; c < Dv; ++c) di += p.dout(b, i, h, c) * p.out(b, i, h, c);
                 for (index_t j = 0; j < L; ++j) {
                     const bool vis = !o.causal || j <= i;
-                    const float pij = vis ? std::exp(scale * s[i * L + j] - lse) : 0.0f;
-                    pt[j * L + i] = pij;
-                    const float ds = pij * (dp[i * L + j] - di);
-                    s[i * L + j] = ds;  // dS, in place of S
-                    dst[j * L + i] = ds;
+                    const float pij = vis ? std::exp(scale * pm[i * L + j] - lse) : 0.0f;
+                    pm[i * L + j] = pij;                        // P, in place of S
+                    dp[i * L + j] = pij * (dp[i * L + j] - di);  // dS, in place of dP
                 }
             }
-            ad::gemm({pt.data(), L, L, L}, {doh.data(), L, Dv, Dv}, {dvh.data(), L, Dv, Dv},
-                     g == 0 ? ad::gemm_mode::assign : ad::gemm_mode::add);  // dV += P^T dO
-            ad::gemm({s.data(), L, L, L}, {kh.data(), L, D, D}, {dqh.data(), L, D, D});  // dQ = dS K
-            ad::gemm({dst.data(), L, L, L}, {qh.data(), L, D, D}, {dkh.data(), L, D, D},
-                     g == 0 ? ad::gemm_mode::assign : ad::gemm_mode::add);  // dK += dS^T Q
+            const ad::gemm_mode acc = g == 0 ? ad::gemm_mode::assign : ad::gemm_mode::add;
+            ad::gemm({pm.data(), L, L, L}, tr, {doh.data(), L, Dv, Dv}, none, {dvh.data(), L, Dv, Dv}, acc);  // dV += P^T dO
+            ad::gemm({dp.data(), L, L, L}, none, {kh.data(), L, D, D}, none, {dqh.data(), L, D, D});  // dQ = dS K
+            ad::gemm({dp.data(), L, L, L}, tr, {qh.data(), L, D, D}, none, {dkh.data(), L, D, D}, acc);  // dK += dS^T Q
             for (index_t i = 0; i < L; ++i)
                 for (index_t d = 0; d < D; ++d) p.dq(b, i, h, d) = scale * dqh[i * D + d];
         }
