@@ -26,8 +26,9 @@
 #include <utility>
 #include <vector>
 
+#include "attnkit/detail/mta/check.hpp"
 #include "attnkit/detail/mta/forward.hpp"
-#include "attnkit/detail/mta/state.hpp"
+#include "attnkit/mta_state.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "attnkit/view.hpp"
@@ -47,17 +48,14 @@ void mta_attention(const Q& q, const K& k, const V& v, O&& out, const mta_option
 
 // The block-diagonal [H, H] head_post matrix of a grouped head convolution kernel
 // [H / c_h, c_h, c_h] as [group, in, out]: block g is kernel[g]^T, i.e.
-// w[g c_h + o, g c_h + i] = kernel[g, i, o], 0 outside the blocks.
+// w[g c_h + o, g c_h + i] = kernel[g, i, o], 0 outside the blocks. w must not share memory with
+// the kernel (std::invalid_argument, nothing written).
 template <class Kern, class W>
 void mta_head_kernel_to_matrix(const Kern& kernel, W&& w) {
     const auto kv = detail::input_view<3>("kernel", kernel, "[H / c_h, c_h, c_h]");
     const auto wv = detail::output_view<2>("w", std::forward<W>(w), "[H, H]");
-    detail::check_layout("kernel", kv);
-    detail::check_layout("w", wv);
+    detail::mta::check_head_kernel(kv, wv);
     const index_t n = kv.dims[0], c = kv.dims[1];
-    if (kv.dims[2] != c)
-        detail::fail("kernel: expected [groups, c_h, c_h] (square blocks), got " + shape_string(kv));
-    detail::check_shape("w", wv, {n * c, n * c}, "[H, H] with H = groups * c_h");
     for (index_t r = 0; r < n * c; ++r)
         for (index_t col = 0; col < n * c; ++col) wv(r, col) = 0.0f;
     for (index_t g = 0; g < n; ++g)
