@@ -12,8 +12,12 @@
 //   kernel_sizes   G in {1, 2} x c_q in {1, 3, 6} x c_k in {1, 5, 11, 13}, every stage on (13: the
 //                  generic tap loop; odd c_k <= 11 have compile-time register-blocked forms)
 //   heads          H in {1, 4, 16}; GQA with head mixing within and across value heads
-//   decode.*       mta_state in uneven steps equals the rows of one call
+//   decode.*       mta_state in uneven steps equals the rows of one call; it reads only the
+//                  weights it copied when built
 //   threads        1, 2, 3 threads and no pool give the same bits
+//   head_matrix    mta_head_kernel_to_matrix against the oracle; w overlapping the kernel rejected
+//   non_finite     a NaN or Inf at the last token of q, k or v changes no earlier row (fused kernel,
+//                  mta_state's prompt and token paths)
 //   bad_input      every rejected argument, nothing written
 //
 // Tolerance: tolerance_for(kEps, magnitude) with magnitude = max|v| * g_post * (1 + g_pre * S),

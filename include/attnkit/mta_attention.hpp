@@ -3,22 +3,27 @@
 //   attnkit::mta_attention(q, k, v, out, opts);    q [B,L,H,D], k [B,L,Hk,D], v [B,L,Hk,Dv], out [B,L,H,Dv]
 //   attnkit::mta_head_kernel_to_matrix(kernel, w); grouped head kernel [H/c_h, c_h, c_h] -> w [H, H]
 //   attnkit::mta_state st(batch, heads, heads_kv, dim, dim_v, opts); st.step(q, k, v, out);   decode
+//                                                  (attnkit/mta_state.hpp, included here)
 //
 // Always causal, Lq = Lk. Stages (each optional, see mta_options): key-query convolution and head
 // mixing of the scores, causal softmax, key-query convolution and head mixing of the
 // probabilities, P V, group norm, depth scale, gate.
 //
-// How it runs (detail/mta/block_kernel.hpp): work items are (batch item, block of 64 query
-// rows), all heads together. Without post-softmax stages one pass does online softmax over
-// key blocks, recomputing the c_q - 1 halo rows and (c_k - 1) / 2 halo keys each side of the
-// convolution. A post-softmax convolution (or a head mixing that crosses value heads) needs
-// final probabilities: a row-statistics pass stores each row's lse ([B, L, H] floats), and a
-// second pass rebuilds the tiles with c_q - 1 more halo rows, forms the probabilities, convolves,
-// mixes and multiplies by V. Post-softmax head mixing among heads that read the same value head
+// How it runs (detail/mta/block_kernel.hpp): work items are (batch item, block of query rows),
+// all heads together, because head mixing couples the heads of a row. Without post-softmax
+// stages one pass does online softmax over key blocks, recomputing the c_q - 1 halo rows and
+// (c_k - 1) / 2 halo keys each side of the convolution rather than exchanging them between work
+// items. A post-softmax convolution (or a head mixing that crosses value heads) needs final
+// probabilities: a row-statistics pass stores each row's lse ([B, L, H] floats), and a second
+// pass rebuilds the tiles with c_q - 1 more halo rows, forms the probabilities, convolves, mixes
+// and multiplies by V. Post-softmax head mixing among heads that read the same value head
 // (within GQA groups; MHA heads each have their own V) commutes with P V and is applied to the
-// outputs instead. The [H, L, L]
-// tensors never exist; scratch is a few tiles per thread. Results are bitwise identical for any
-// thread count (fixed partition, every item computed by one thread).
+// outputs instead, which saves the second pass. The [H, L, L] tensors never exist; scratch is a
+// few tiles per thread. Results are bitwise identical for any thread count (fixed partition,
+// every item computed by one thread).
+//
+// Non-finite inputs stay in the rows that see them: a NaN or Inf at token j reaches rows >= j
+// only, as in softmax_attention.
 #pragma once
 
 #include <algorithm>

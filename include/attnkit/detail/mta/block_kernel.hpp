@@ -24,7 +24,6 @@ namespace attnkit {
 namespace detail {
 namespace mta {
 
-
 template <class A>
 class block_kernel {
     using TT = tile_traits<A>;

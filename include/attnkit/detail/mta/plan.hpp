@@ -38,30 +38,30 @@ constexpr index_t kBlockKeys = ATTNKIT_MTA_BLOCK_KEYS;
 // key counts are padded to kKeyPad. A block's outputs need Y for c_q,post - 1 more rows above
 // them (the post convolution's halo), and Y needs X for c_q,pre - 1 more rows above those.
 struct scratch_layout {
-    index_t out_panels = 0;  // panels of output rows: block_rows / RT
-    index_t y_panels = 0;    // panels of Y rows: output rows and the post halo
-    index_t x_panels = 0;    // panels of X rows: Y rows and the pre halo
-    index_t y_keys = 0;      // key rows of a Y (or P) panel, its key stride: a key block and both halos
-    index_t x_keys = 0;      // key rows of a wide X tile: y_keys and the pre convolution's key halos
+    index_t out_panels = 0;     // panels of output rows: block_rows / RT
+    index_t y_panels = 0;       // panels of Y rows: the output rows and the post halo
+    index_t x_panels = 0;       // panels of X rows: the Y rows and the pre halo
+    index_t y_keys = 0;         // key rows of a Y (or P) panel, its key stride: a key block and the post halos
+    index_t x_keys = 0;         // key rows of a wide X tile: y_keys and the pre halos
     index_t x_wide_stride = 0;  // floats per key row of a wide X tile: x_panels * RT
     index_t p_wide_stride = 0;  // floats per key row of a wide P tile: y_panels * RT
     index_t dv_pad = 0;         // Dv rounded up to kMR (the value micro-kernel's columns)
 
-    index_t q_transposed = 0;  // Q^T of every head, scaled:            [H][x_panels][D][RT]
-    index_t y = 0;             // Y (then P) of every head:              [H][y_panels][y_keys][RT]
-    index_t y_mixed = 0;       // the other tile set of a head mixing:  as y (empty without one)
-    index_t x_wide = 0;        // X of one convolution group, masked:    [G_pre][x_keys][x_wide_stride]
-    index_t p_wide = 0;        // P of one convolution group:           [G_post][y_keys][p_wide_stride]
-    index_t out_transposed = 0;  // O^T of every head:                     [H][out_panels][dv_pad][RT]
-    index_t row_max = 0;       // running max of each row (one pass):   [H][out_panels * RT]
-    index_t row_sum = 0;       // running sum of each row (one pass):   [H][out_panels * RT]
-    index_t row_lse = 0;       // final lse of each Y row (two passes): [H][y_panels * RT]
-    index_t score_panel = 0;   // one panel of raw scores:               [x_keys][RT]
-    index_t k_tile = 0;        // K of one key/value head:               [x_keys + kMR][D]
-    index_t v_tile = 0;        // V of one key/value head:               [y_keys + kMR][dv_pad]
-    index_t out_rows = 0;      // the block's outputs as rows, and one row set for mixing them:
-                               //                                        [block_rows + 2][H][Dv]
-    index_t total = 0;
+    // Offsets (floats) of the regions, what each holds and its shape:
+    index_t q_transposed = 0;    // Q^T of every head, scaled                [H][x_panels][D][RT]
+    index_t y = 0;               // Y, then P, of every head                 [H][y_panels][y_keys][RT]
+    index_t y_mixed = 0;         // the other tile set of a head mixing      as y; empty without one
+    index_t x_wide = 0;          // X of one convolution group, Mask0        [G_pre][x_keys][x_wide_stride]
+    index_t p_wide = 0;          // P of one convolution group               [G_post][y_keys][p_wide_stride]
+    index_t out_transposed = 0;  // O^T of every head                        [H][out_panels][dv_pad][RT]
+    index_t row_max = 0;         // running max of each row (one pass)       [H][out_panels * RT]
+    index_t row_sum = 0;         // running sum of each row (one pass)       [H][out_panels * RT]
+    index_t row_lse = 0;         // final lse of each Y row (two passes)     [H][y_panels * RT]
+    index_t score_panel = 0;     // one panel of raw scores                  [x_keys][RT]
+    index_t k_tile = 0;          // K of one key/value head                  [x_keys + kMR][D]
+    index_t v_tile = 0;          // V of one key/value head                  [y_keys + kMR][dv_pad]
+    index_t out_rows = 0;        // the outputs as rows, then a mixed row    [block_rows + 2][H][Dv]
+    index_t total = 0;           // floats of the whole buffer
 };
 
 struct plan {
