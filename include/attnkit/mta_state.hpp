@@ -157,9 +157,9 @@ class mta_state {
             for (index_t h = 0; h < s_.heads; ++h) fn(h);
     }
     // The K and V walks go key-major (all heads of a key row, then the next row: one sequential
-    // stream; head-major passes read 1/Hk of every line run and ran at half the read bandwidth),
-    // in fixed chunks of keys over the pool. The chunks do not depend on the thread count, nor
-    // does the order P V sums them in, so outputs are the same for any pool.
+    // stream, where a head-major pass would jump between Hk short runs of every row and stream
+    // far worse), in fixed chunks of keys over the pool. The chunks do not depend on the thread
+    // count, nor does the order P V sums them in, so outputs are the same for any pool.
     static constexpr index_t kChunkKeys = 2048;  // a multiple of the 8 keys of a row kernel step
     static index_t chunks(index_t n) { return (n + kChunkKeys - 1) / kChunkKeys; }
     template <class F>
