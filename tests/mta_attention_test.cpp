@@ -330,12 +330,14 @@ TEST(head_matrix, rejects_w_overlapping_the_kernel) {
     const tensor2 before = w;
     using map3 = Eigen::TensorMap<Eigen::Tensor<float, 3, Eigen::RowMajor>>;
     // The kernel over the second half of w, and over all of a [2, 2] w.
-    expect_invalid([&] { attnkit::mta_head_kernel_to_matrix(map3(w.data() + 8, 2, 2, 2), w); }, {"kernel", "w", "overlap"});
+    expect_invalid([&] { attnkit::mta_head_kernel_to_matrix(map3(w.data() + 8, 2, 2, 2), w); },
+                   {"kernel", "w", "overlap"});
     EXPECT_TRUE(all_close(w, before, 0.0, 0.0));
     tensor2 w2(2, 2);
     w2.setValues({{1.0f, 2.0f}, {3.0f, 4.0f}});
     const tensor2 before2 = w2;
-    expect_invalid([&] { attnkit::mta_head_kernel_to_matrix(map3(w2.data(), 1, 2, 2), w2); }, {"kernel", "w", "overlap"});
+    expect_invalid([&] { attnkit::mta_head_kernel_to_matrix(map3(w2.data(), 1, 2, 2), w2); },
+                   {"kernel", "w", "overlap"});
     EXPECT_TRUE(all_close(w2, before2, 0.0, 0.0));
 }
 

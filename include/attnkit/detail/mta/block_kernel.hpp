@@ -96,7 +96,8 @@ class block_kernel {
         k_loaded_ = -1;
         if (p_.pre.on()) {
             const index_t G = p_.pre.groups, cq = p_.pre.c_q, ck = p_.pre.c_k;
-            const index_t kx0 = ka - p_.pre_halo_keys, nx = round_up(nk, kConvKeys<A>) + ck - 1, xr0 = yr0 - p_.pre_halo_rows, rs = x_panels * RT;
+            const index_t kx0 = ka - p_.pre_halo_keys, nx = round_up(nk, kConvKeys<A>) + ck - 1;
+            const index_t xr0 = yr0 - p_.pre_halo_rows, rs = x_panels * RT;
             const index_t v0 = std::max<index_t>(kx0, 0), v1 = std::min(kx0 + nx, kend), nv = v1 - v0;
             const float** in = in_.data();
             for (index_t g0 = 0; g0 < H; g0 += G) {
@@ -119,7 +120,8 @@ class block_kernel {
                 for (index_t m = 0; m < G; ++m) {
                     const index_t h = g0 + m;
                     conv_panels<A>(in, rs, p_.w->kq_pre.data() + h * G * cq * ck,
-                                   p_.kq_pre_packed.data() + h * p_.kq_pre_packed_head, G, cq, ck, nk, y_panels, ka, yr0, false, yh_[h], y_keys);
+                                   p_.kq_pre_packed.data() + h * p_.kq_pre_packed_head, G, cq, ck, nk, y_panels, ka,
+                                   yr0, false, yh_[h], y_keys);
                 }
             }
         } else {
@@ -179,12 +181,18 @@ class block_kernel {
         }
     }
 
-    void zero_outputs() { std::fill(at(p_.at.out_transposed), at(p_.at.out_transposed) + p_.H * p_.at.out_panels * RT * p_.at.dv_pad, 0.0f); }
+    void zero_outputs() {
+        float* o = at(p_.at.out_transposed);
+        std::fill(o, o + p_.H * p_.at.out_panels * RT * p_.at.dv_pad, 0.0f);
+    }
 
-    float* ot(index_t h, index_t pnl) const { return at(p_.at.out_transposed) + (h * p_.at.out_panels + pnl) * p_.at.dv_pad * RT; }
+    float* ot(index_t h, index_t pnl) const {
+        return at(p_.at.out_transposed) + (h * p_.at.out_panels + pnl) * p_.at.dv_pad * RT;
+    }
 
     void pass_a(index_t b, index_t i0, index_t i1, bool stats_only) {
-        const index_t R = i1 - i0, out_panels = (R + RT - 1) / RT, x_panels = p_.pre.on() ? (out_panels * RT + p_.pre_halo_rows + RT - 1) / RT : out_panels;
+        const index_t R = i1 - i0, out_panels = (R + RT - 1) / RT;
+        const index_t x_panels = p_.pre.on() ? (out_panels * RT + p_.pre_halo_rows + RT - 1) / RT : out_panels;
         pack_q(b, i0 - p_.pre_halo_rows * (p_.pre.on() ? 1 : 0), x_panels);
         float* m = at(p_.at.row_max);
         float* l = at(p_.at.row_sum);
@@ -250,8 +258,8 @@ class block_kernel {
                     for (index_t mm = 0; mm < G; ++mm) {
                         const index_t h = g0 + mm;
                         conv_panels<A>(in, y_panels * RT, p_.w->kq_post.data() + h * G * cq * ck,
-                                       p_.kq_post_packed.data() + h * p_.kq_post_packed_head, G, cq, ck, nk, out_panels, j0, i0, true,
-                                       yh_[h], p_.at.y_keys);
+                                       p_.kq_post_packed.data() + h * p_.kq_post_packed_head, G, cq, ck, nk,
+                                       out_panels, j0, i0, true, yh_[h], p_.at.y_keys);
                     }
                 }
             } else {
