@@ -12,8 +12,12 @@
 //   kernel_sizes   G in {1, 2} x c_q in {1, 3, 6} x c_k in {1, 5, 11, 13}, every stage on (13: the
 //                  generic tap loop; odd c_k <= 11 have compile-time register-blocked forms)
 //   heads          H in {1, 4, 16}; GQA with head mixing within and across value heads
-//   decode.*       mta_state in uneven steps equals the rows of one call
+//   decode.*       mta_state in uneven steps equals the rows of one call; it reads only the
+//                  weights it copied when built
 //   threads        1, 2, 3 threads and no pool give the same bits
+//   head_matrix    mta_head_kernel_to_matrix against the oracle; w overlapping the kernel rejected
+//   non_finite     a NaN or Inf at the last token of q, k or v changes no earlier row (fused kernel,
+//                  mta_state's prompt and token paths)
 //   bad_input      every rejected argument, nothing written
 //
 // Tolerance: tolerance_for(kEps, magnitude) with magnitude = max|v| * g_post * (1 + g_pre * S),
@@ -32,14 +36,17 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/compare.hpp"
+#include "common/errors.hpp"
 #include "common/mta_inputs.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
@@ -315,6 +322,114 @@ TEST(head_matrix, matches_reference_block_diagonal) {
     EXPECT_TRUE(all_equal_to(bad, 7.0f));
 }
 
+// The kernel [groups, c_h, c_h] and w [H, H] laid over each other: w is rejected before any of
+// it is written (writing the zeros first would clear the kernel it then reads).
+TEST(head_matrix, rejects_w_overlapping_the_kernel) {
+    tensor2 w(4, 4);
+    for (index_t i = 0; i < w.size(); ++i) w.data()[i] = static_cast<float>(i + 1);
+    const tensor2 before = w;
+    using map3 = Eigen::TensorMap<Eigen::Tensor<float, 3, Eigen::RowMajor>>;
+    // The kernel over the second half of w, and over all of a [2, 2] w.
+    expect_invalid([&] { attnkit::mta_head_kernel_to_matrix(map3(w.data() + 8, 2, 2, 2), w); },
+                   {"kernel", "w", "overlap"});
+    EXPECT_TRUE(all_close(w, before, 0.0, 0.0));
+    tensor2 w2(2, 2);
+    w2.setValues({{1.0f, 2.0f}, {3.0f, 4.0f}});
+    const tensor2 before2 = w2;
+    expect_invalid([&] { attnkit::mta_head_kernel_to_matrix(map3(w2.data(), 1, 2, 2), w2); },
+                   {"kernel", "w", "overlap"});
+    EXPECT_TRUE(all_close(w2, before2, 0.0, 0.0));
+}
+
+// ---- non-finite inputs --------------------------------------------------------------------------
+
+// A NaN or Inf at the last token is seen by the last row only (causality): every other row must
+// keep, bit for bit, what it is with a finite value there. Masked keys weigh 0 in P V, and
+// 0 * Inf = NaN, so a value tile holding one must not be multiplied into rows that do not see it.
+enum class poisoned { q, k, v };
+const char* name(poisoned w) { return w == poisoned::q ? "q" : w == poisoned::k ? "k" : "v"; }
+
+void poison_last_token(problem& p, poisoned where, float x) {
+    const index_t t = p.c.L - 1;
+    tensor4<float>& a = where == poisoned::q ? p.q : where == poisoned::k ? p.k : p.v;
+    for (index_t b = 0; b < p.c.B; ++b) a(b, t, 0, 0) = x;
+}
+
+// Rows 0 .. L - 2 of got and want bit for bit, and (for a NaN) a NaN in row L - 1 of got.
+void expect_only_last_row_differs(const tensor4<float>& got, const tensor4<float>& want, bool nan) {
+    const index_t B = got.dimension(0), L = got.dimension(1), row = got.dimension(2) * got.dimension(3);
+    for (index_t b = 0; b < B; ++b) {
+        const float* g = got.data() + b * L * row;
+        const float* w = want.data() + b * L * row;
+        for (index_t t = 0; t + 1 < L; ++t)
+            EXPECT_EQ(0, std::memcmp(g + t * row, w + t * row, sizeof(float) * static_cast<std::size_t>(row)))
+                << "batch item " << b << ", row " << t << " of " << L << " changed";
+        if (nan) {
+            bool any = false;
+            for (index_t e = 0; e < row; ++e) any = any || std::isnan(g[(L - 1) * row + e]);
+            EXPECT_TRUE(any) << "batch item " << b << ": the last row sees the NaN";
+        }
+    }
+}
+
+// mta_state over the whole sequence: one prompt of all tokens (which runs the fused kernel), or
+// token by token.
+tensor4<float> run_state(const problem& p, bool prompt) {
+    const config& c = p.c;
+    attnkit::mta_state st(c.B, c.H, c.Hk, c.D, c.Dv, p.o);
+    tensor4<float> out = make_bshd<float>(c.B, c.L, c.H, c.Dv, kNaN);
+    const index_t step = prompt ? c.L : 1;
+    for (index_t t0 = 0; t0 < c.L; t0 += step) {
+        const std::array<index_t, 4> at{0, t0, 0, 0};
+        const index_t T = std::min(step, c.L - t0);
+        const tensor4<float> q = p.q.slice(at, std::array<index_t, 4>{c.B, T, c.H, c.D});
+        const tensor4<float> k = p.k.slice(at, std::array<index_t, 4>{c.B, T, c.Hk, c.D});
+        const tensor4<float> v = p.v.slice(at, std::array<index_t, 4>{c.B, T, c.Hk, c.Dv});
+        tensor4<float> o = make_bshd<float>(c.B, T, c.H, c.Dv, kNaN);
+        st.step(q, k, v, o);
+        out.slice(at, std::array<index_t, 4>{c.B, T, c.H, c.Dv}) = o;
+    }
+    return out;
+}
+
+TEST(non_finite, stays_in_the_rows_that_see_it) {
+    const float inf = std::numeric_limits<float>::infinity();
+    int n = 0;
+    for (index_t L : {2, 150})
+        for (unsigned s : {0u, unsigned(kAll), unsigned(kPreConv | kPreMix | kNorm | kGate), unsigned(kPostMix)})
+            for (poisoned where : {poisoned::q, poisoned::k, poisoned::v})
+                for (float x : {kNaN, inf, -inf}) {
+                    config c;
+                    c.B = 2, c.L = L, c.H = 4, c.Hk = 2, c.G = 2, c.cq = 3, c.ck = 5, c.stages = s;
+                    c.post_in_groups = n % 2 == 0, c.seed = 600 + n++;
+                    SCOPED_TRACE(describe(c) + ", " + name(where) + " = " + std::to_string(x) + " at the last token");
+                    problem clean(c), bad(c);
+                    poison_last_token(bad, where, x);
+                    expect_only_last_row_differs(run_fast(bad, bad.o), run_fast(clean, clean.o), std::isnan(x));
+                    if (s != 0 && s != kAll) continue;
+                    for (bool prompt : {true, false}) {  // the state: its prompt path and its token path
+                        SCOPED_TRACE(prompt ? "mta_state, one prompt" : "mta_state, token by token");
+                        expect_only_last_row_differs(run_state(bad, prompt), run_state(clean, prompt), std::isnan(x));
+                    }
+                }
+}
+
+// The case as first reported: q = k = 0.5, v = [3, NaN], one head of width 1; row 0 sees only
+// key 0 and must give 3, as softmax_attention does.
+TEST(non_finite, nan_value_at_a_later_key) {
+    tensor4<float> q = make_bshd<float>(1, 2, 1, 1, 0.5f), k = q, v(1, 2, 1, 1);
+    v.setValues({{{{3.0f}}, {{kNaN}}}});
+    tensor4<float> out = make_bshd<float>(1, 2, 1, 1, 7.0f);
+    attnkit::mta_attention(q, k, v, out);
+    EXPECT_EQ(out(0, 0, 0, 0), 3.0f);
+    EXPECT_TRUE(std::isnan(out(0, 1, 0, 0)));
+    attnkit::mta_state st(1, 1, 1, 1, 1, mta_options{});
+    tensor4<float> out2 = make_bshd<float>(1, 2, 1, 1, 7.0f);
+    st.step(q, k, v, out2);
+    EXPECT_EQ(out2(0, 0, 0, 0), 3.0f);
+    EXPECT_TRUE(std::isnan(out2(0, 1, 0, 0)));
+}
+
 // ---- decode -----------------------------------------------------------------------------------
 
 // Appends the sequence in uneven steps and compares each step's rows with one full call.
@@ -431,6 +546,34 @@ TEST(decode, steps_identical_for_any_thread_count) {
         attnkit::thread_pool pool(n);
         const tensor4<float> more = run(&pool);
         EXPECT_TRUE(all_close(more, one, 0.0, 0.0)) << n << " threads";
+    }
+}
+
+// The state copies the weights of its options when it is built: overwriting and freeing the
+// caller's tensors afterwards changes nothing, on the prompt path (the fused kernel) as on the
+// token path.
+TEST(decode, weights_are_copied_at_construction) {
+    config c;
+    c.B = 2, c.L = 40, c.H = 4, c.Hk = 2, c.G = 2, c.cq = 3, c.ck = 5, c.stages = kAll, c.seed = 81;
+    const problem kept(c);
+    auto gone = std::make_unique<problem>(c);
+    attnkit::mta_state st_kept(c.B, c.H, c.Hk, c.D, c.Dv, kept.o);
+    attnkit::mta_state st_gone(c.B, c.H, c.Hk, c.D, c.Dv, gone->o);
+    gone->th_pre.setConstant(kNaN), gone->th_post.setConstant(kNaN), gone->w_pre.setConstant(kNaN);
+    gone->w_post.setConstant(kNaN), gone->norm_w.setConstant(kNaN), gone->gate_w.setConstant(kNaN);
+    gone.reset();
+    for (index_t t0 = 0; t0 < c.L;) {
+        const index_t T = t0 == 0 ? 30 : 1;  // a prompt, then single tokens
+        const std::array<index_t, 4> at{0, t0, 0, 0};
+        const tensor4<float> q = kept.q.slice(at, std::array<index_t, 4>{c.B, T, c.H, c.D});
+        const tensor4<float> k = kept.k.slice(at, std::array<index_t, 4>{c.B, T, c.Hk, c.D});
+        const tensor4<float> v = kept.v.slice(at, std::array<index_t, 4>{c.B, T, c.Hk, c.Dv});
+        tensor4<float> want = make_bshd<float>(c.B, T, c.H, c.Dv, kNaN), got = want;
+        st_kept.step(q, k, v, want);
+        st_gone.step(q, k, v, got);
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), sizeof(float) * static_cast<std::size_t>(got.size())))
+            << "step at " << t0;
+        t0 += T;
     }
 }
 

@@ -89,6 +89,20 @@ shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& 
     return r;
 }
 
+// mta_head_kernel_to_matrix: kernel [groups, c_h, c_h] and w [groups * c_h, groups * c_h], apart
+// in memory (w is cleared before the kernel is read, so a w laid over it would read its own
+// zeros).
+template <class TK, class TW>
+void check_head_kernel(const view<TK, 3>& kernel, const view<TW, 2>& w) {
+    check_layout("kernel", kernel);
+    check_layout("w", w);
+    const index_t n = kernel.dims[0], c = kernel.dims[1];
+    if (kernel.dims[2] != c)
+        fail("kernel: expected [groups, c_h, c_h] (square blocks), got " + shape_string(kernel));
+    check_shape("w", w, {n * c, n * c}, "[H, H] with H = groups * c_h");
+    check_outputs_apart({region_of("w", w)}, {region_of("kernel", kernel)});
+}
+
 }  // namespace mta
 }  // namespace detail
 }  // namespace attnkit

@@ -1,6 +1,6 @@
-// The fused multi-token attention call behind attnkit::mta_attention (and mta_state's first
-// multi-token step): the work partition over (batch item, query block) and the one or two
-// passes of detail/mta/block_kernel.hpp.
+// The fused multi-token attention call behind attnkit::mta_attention (and mta_state's prompt):
+// the work partition over (batch item, query block) and the one or two passes of
+// detail/mta/block_kernel.hpp.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +8,8 @@
 
 #include "attnkit/detail/mta/block_kernel.hpp"
 #include "attnkit/detail/mta/check.hpp"
+#include "attnkit/detail/mta/epilogue.hpp"
+#include "attnkit/detail/mta/params.hpp"
 #include "attnkit/detail/mta/plan.hpp"
 #include "attnkit/detail/scratch.hpp"
 #include "attnkit/options.hpp"
@@ -18,19 +20,15 @@ namespace attnkit {
 namespace detail {
 namespace mta {
 
-template <class T, int N>
-strided4 strided(const view<const T, N>& x) {
-    return {x.data, x.strides[0], x.strides[1], x.strides[2]};
-}
-
+// The fused kernel on checked arguments: ms from check_call, w the options' weights copied
+// (make_params). mta_state's prompt path calls this with the copies it made when it was built.
 template <class A>
-void forward(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
-             const view<float, 4>& out, const mta_options& opts) {
-    const shape ms = check_call(q, k, v, out, opts);
+void run_fused(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
+               const view<float, 4>& out, const shape& ms, const params& w, thread_pool* pool) {
     if (ms.s.batch == 0 || ms.s.len_q == 0) return;
-    const plan pl = make_plan<A>(ms, opts);
+    const plan pl = make_plan<A>(ms, w);
     problem pr;
-    pr.q = strided(q), pr.k = strided(k), pr.v = strided(v);
+    pr.q = rows_of(q), pr.k = rows_of(k), pr.v = rows_of(v);
     pr.out = out.data, pr.ob = out.strides[0], pr.ol = out.strides[1], pr.oh = out.strides[2];
     std::vector<float> stats;
     if (pl.two_pass) {
@@ -40,17 +38,25 @@ void forward(const view<const float, 4>& q, const view<const float, 4>& k, const
     scratch_slots scratch;
     // Heavy items first: the last query blocks see the most keys.
     auto pass = [&](bool stats_only) {
-        parallel_for(opts.pool, pl.n_items(), [&](index_t it) {
+        parallel_for(pool, pl.n_items(), [&](index_t it) {
             const index_t qb = pl.n_qblocks - 1 - it / pl.B, b = it % pl.B;
             const index_t i0 = qb * pl.block_rows, i1 = std::min(pl.L, i0 + pl.block_rows);
             scratch_lease lease(scratch);
             std::vector<float>& buf = lease.get();
-            if (static_cast<index_t>(buf.size()) < pl.total) buf.assign(static_cast<std::size_t>(pl.total), 0.0f);
+            if (static_cast<index_t>(buf.size()) < pl.at.total) buf.assign(static_cast<std::size_t>(pl.at.total), 0.0f);
             block_kernel<A>(pl, pr, buf.data()).run(b, i0, i1, stats_only);
         });
     };
     if (pl.two_pass) pass(true);
     pass(false);
+}
+
+template <class A>
+void forward(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
+             const view<float, 4>& out, const mta_options& opts) {
+    const shape ms = check_call(q, k, v, out, opts);
+    if (ms.s.batch == 0 || ms.s.len_q == 0) return;
+    run_fused<A>(q, k, v, out, ms, make_params(opts, ms), opts.pool);
 }
 
 }  // namespace mta

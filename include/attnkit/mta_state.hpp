@@ -1,4 +1,12 @@
-// attnkit::mta_state: multi-token attention for generation.
+// attnkit::mta_state: multi-token attention for generation, token by token after an optional
+// prompt, with the outputs of one mta_attention call over the whole sequence.
+//
+//   attnkit::mta_options o;                  // the same options as mta_attention; the state
+//   o.kq_pre = theta; o.head_pre = w;        // copies every weight when it is built
+//   attnkit::mta_state st(B, H, Hk, D, Dv, o);
+//   st.step(q_prompt, k_prompt, v_prompt, out_prompt);   // [B, T, ...]: T tokens at once
+//   st.step(q_t, k_t, v_t, out_t);                       // [B, 1, ...]: the next token
+//   st.length();  st.reset();
 //
 // Causality makes every stage of row i final once token i is known: its raw scores X_i, and its
 // probabilities P_i (after the pre-softmax convolution, head mixing and softmax) depend only on
@@ -21,8 +29,10 @@
 
 #include "attnkit/detail/memory_overlap.hpp"
 #include "attnkit/detail/mta/check.hpp"
+#include "attnkit/detail/mta/decode_rows.hpp"
+#include "attnkit/detail/mta/epilogue.hpp"
 #include "attnkit/detail/mta/forward.hpp"
-#include "attnkit/detail/mta/plan.hpp"
+#include "attnkit/detail/mta/params.hpp"
 #include "attnkit/detail/row_kernel.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
@@ -30,22 +40,23 @@
 
 namespace attnkit {
 
+// The decode state of one mta_attention layer: K, V, and the last c_q - 1 rows of each
+// convolution's input, per batch item.
+//
+//   attnkit::mta_state st(batch, heads, heads_kv, dim, dim_v, opts);
+//   st.step(q, k, v, out);   // q [B, T, H, D], k [B, T, Hk, D], v [B, T, Hk, Dv], out [B, T, H, Dv]
 class mta_state {
    public:
-    // Validates the options against these shapes; the weights in opts are borrowed and must
-    // outlive the state.
-    mta_state(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v, const mta_options& opts)
-        : o_(opts) {
+    // Validates the options against these shapes and copies their weights: the caller's
+    // tensors may change or be freed afterwards (every step, the prompt's fused call included,
+    // reads the copies). opts.pool, if set, must outlive the state.
+    mta_state(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v, const mta_options& opts) {
         detail::check_state_sizes("mta_state", batch, heads, heads_kv, dim, dim_v);
         s_ = {batch, 0, 0, heads, heads_kv, dim, dim_v};
         ms_ = detail::mta::check_options(opts, s_);
+        w_ = detail::mta::make_params(opts, ms_);
+        pool_ = opts.pool;
         scale_ = detail::resolve_scale(opts.scale, dim);
-        if (ms_.pre.on()) th_pre_ = detail::mta::dense(opts.kq_pre);
-        if (ms_.post.on()) th_post_ = detail::mta::dense(opts.kq_post);
-        if (opts.head_pre.data) w_pre_ = detail::mta::dense(opts.head_pre);
-        if (opts.head_post.data) w_post_ = detail::mta::dense(opts.head_post);
-        if (opts.norm_weight.data) norm_w_ = detail::mta::dense(opts.norm_weight);
-        if (opts.gate_weight.data) gate_w_ = detail::mta::dense(opts.gate_weight);
         cq1_ = ms_.pre.on() ? ms_.pre.c_q : 1;
         cq2_ = ms_.post.on() ? ms_.post.c_q : 1;
         reset();
@@ -96,7 +107,11 @@ class mta_state {
         // A prompt on an empty state: the fused kernel computes its outputs (it needs out apart
         // from q), and only the rows the rings keep are built here, the last c_q,pre + c_q,post - 2.
         if (len_ == 0 && T > 1 && !detail::regions_overlap(detail::region_of("out", ov), detail::region_of("q", qv))) {
-            detail::mta::forward<simd::default_arch>(qv, kv, vv, ov, o_);
+            // The call's own checks (the weights were checked when the state was built, and
+            // options without weights check nothing more), then the kernel on the state's copies.
+            detail::mta::shape ms = ms_;
+            ms.s = detail::mta::check_call(qv, kv, vv, ov, mta_options{}).s;
+            detail::mta::run_fused<arch>(qv, kv, vv, ov, ms, w_, pool_);
             const index_t first = std::max<index_t>(0, T - (cq1_ + cq2_ - 2));
             for (index_t b = 0; b < s_.batch; ++b)
                 for (index_t t = 0; t < T; ++t) {
@@ -122,9 +137,9 @@ class mta_state {
     using arch = simd::default_arch;
     attnkit::detail::attention_shape s_{};
     detail::mta::shape ms_{};
-    mta_options o_;
+    detail::mta::params w_;  // the options' weights, copied
+    thread_pool* pool_ = nullptr;
     float scale_ = 1.0f;
-    std::vector<float> th_pre_, th_post_, w_pre_, w_post_, norm_w_, gate_w_;
     index_t cq1_ = 1, cq2_ = 1, len_ = 0;
     std::vector<std::vector<float>> kc_, vc_;  // per batch item: [L][Hk][D], [L][Hk][Dv]
     std::vector<std::vector<float>> xring_;    // per batch item and slot: score row i, [H][i + 1]
@@ -136,23 +151,23 @@ class mta_state {
     static constexpr index_t kParallelKeys = 2048;
     template <class F>
     void for_heads(index_t n, F&& fn) const {
-        if (o_.pool && n >= kParallelKeys)
-            parallel_for(o_.pool, s_.heads, [&](std::int64_t h) { fn(static_cast<index_t>(h)); });
+        if (pool_ && n >= kParallelKeys)
+            parallel_for(pool_, s_.heads, [&](std::int64_t h) { fn(static_cast<index_t>(h)); });
         else
             for (index_t h = 0; h < s_.heads; ++h) fn(h);
     }
     // The K and V walks go key-major (all heads of a key row, then the next row: one sequential
-    // stream; head-major passes read 1/Hk of every line run and ran at half the read bandwidth),
-    // in fixed chunks of keys over the pool. The chunks do not depend on the thread count, nor
-    // does the order P V sums them in, so outputs are the same for any pool.
+    // stream, where a head-major pass would jump between Hk short runs of every row and stream
+    // far worse), in fixed chunks of keys over the pool. The chunks do not depend on the thread
+    // count, nor does the order P V sums them in, so outputs are the same for any pool.
     static constexpr index_t kChunkKeys = 2048;  // a multiple of the 8 keys of a row kernel step
     static index_t chunks(index_t n) { return (n + kChunkKeys - 1) / kChunkKeys; }
     template <class F>
     void for_chunks(index_t n, F&& fn) const {
         const index_t nc = chunks(n);
         auto one = [&](index_t c) { fn(c, c * kChunkKeys, std::min(n, (c + 1) * kChunkKeys)); };
-        if (o_.pool && nc > 1)
-            parallel_for(o_.pool, nc, [&](std::int64_t c) { one(static_cast<index_t>(c)); });
+        if (pool_ && nc > 1)
+            parallel_for(pool_, nc, [&](std::int64_t c) { one(static_cast<index_t>(c)); });
         else
             for (index_t c = 0; c < nc; ++c) one(c);
     }
@@ -201,33 +216,17 @@ class mta_state {
         const index_t H = s_.heads, n = i + 1;
         y_.assign(static_cast<std::size_t>(H * n), 0.0f);
         if (ms_.pre.on()) {
-            conv_rows(xring_, b * cq1_, cq1_, i, th_pre_.data(), ms_.pre, y_.data(), n);
+            for_heads(n, [&](index_t h) {
+                detail::mta::conv_row(xring_, b * cq1_, cq1_, i, w_.kq_pre.data(), ms_.pre, h, y_.data() + h * n, n);
+            });
         } else {
             const auto& xr = xring_[static_cast<std::size_t>(b * cq1_ + i % cq1_)];
             std::copy(xr.begin(), xr.end(), y_.begin());
         }
-        if (!w_pre_.empty()) mix_row(y_, n, w_pre_);
+        if (w_.head_pre_on()) mix(y_, n, w_.head_pre);
         auto& slot = pring_[static_cast<std::size_t>(b * cq2_ + i % cq2_)];
         slot.resize(static_cast<std::size_t>(H * n));
-        using V = simd::vfloat<arch>;
-        constexpr index_t W = simd::kLanes<arch>;
-        for_heads(n, [&](index_t h) {
-            const float* y = y_.data() + h * n;
-            float* p = slot.data() + h * n;
-            const float m = *std::max_element(y, y + n);
-            const V mv(m);
-            V acc(0.0f);
-            index_t j = 0;
-            for (; j + W <= n; j += W) {
-                const V e = simd::exp(simd::loadu<arch>(y + j) - mv);
-                simd::storeu(p + j, e);
-                acc = acc + e;
-            }
-            float z = simd::hsum(acc);
-            for (; j < n; ++j) z += (p[j] = std::exp(y[j] - m));
-            const float rz = 1.0f / z;
-            for (j = 0; j < n; ++j) p[j] *= rz;
-        });
+        for_heads(n, [&](index_t h) { detail::mta::softmax_row<arch>(y_.data() + h * n, n, slot.data() + h * n); });
     }
 
     // Output row i (query tt of out): post-softmax convolution over the P rows i - c_q,post + 1
@@ -239,15 +238,16 @@ class mta_state {
         const float* vc = vc_[static_cast<std::size_t>(b)].data();
         z_.assign(static_cast<std::size_t>(H * n), 0.0f);
         if (ms_.post.on()) {
-            conv_rows(pring_, b * cq2_, cq2_, i, th_post_.data(), ms_.post, z_.data(), n);
+            for_heads(n, [&](index_t h) {
+                detail::mta::conv_row(pring_, b * cq2_, cq2_, i, w_.kq_post.data(), ms_.post, h, z_.data() + h * n, n);
+            });
         } else {
             const auto& pr = pring_[static_cast<std::size_t>(b * cq2_ + i % cq2_)];
             std::copy(pr.begin(), pr.end(), z_.begin());
         }
-        if (!w_post_.empty()) mix_row(z_, n, w_post_);
+        if (w_.head_post_on()) mix(z_, n, w_.head_post);
         const index_t nc = chunks(n);
         o_rows_.assign(static_cast<std::size_t>(nc * H * Dv), 0.0f);
-        const float depth = o_.norm_layer >= 0 ? static_cast<float>(0.2 + 0.6 * std::exp(-0.3 * static_cast<double>(o_.norm_layer))) : 1.0f;
         for_chunks(n, [&](index_t c, index_t j0, index_t j1) {
             float* oc = o_rows_.data() + c * H * Dv;
             index_t j = j0;
@@ -263,63 +263,13 @@ class mta_state {
             for (index_t e = 0; e < H * Dv; ++e) o_rows_[e] += o_rows_[c * H * Dv + e];
         // The per-row stages (cheap: Dv per head) and the stores, in the caller's thread: out is
         // the user's view, written once per element.
-        for (index_t h = 0; h < H; ++h) {
-            float* o = o_rows_.data() + h * Dv;
-            float sc = depth;
-            if (!norm_w_.empty()) {
-                float ss = 0.0f;
-                for (index_t d = 0; d < Dv; ++d) ss += o[d] * o[d];
-                const float r = 1.0f / std::sqrt(ss / static_cast<float>(Dv) + o_.norm_eps);
-                for (index_t d = 0; d < Dv; ++d) o[d] *= r * norm_w_[d];
-            }
-            if (!gate_w_.empty()) {
-                float g = o_.gate_bias;
-                for (index_t d = 0; d < Dv; ++d) g += o[d] * sc * gate_w_[d];
-                sc *= 1.0f / (1.0f + std::exp(-g));
-            }
-            for (index_t d = 0; d < Dv; ++d) out(b, tt, h, d) = o[d] * sc;
-        }
+        for (index_t h = 0; h < H; ++h) detail::mta::row_stages(w_, o_rows_.data() + h * Dv, Dv, &out(b, tt, h, 0));
     }
 
-    // y[h][j] (j < n, row i) = sum_{m, a, c} th[h, m, a, c] x_{r}[(h / G) G + m][j + c - hk] over
-    // the ring rows r = i + a - c_q + 1 (slots ring[base + r % c_q], each [H][r + 1], 0 outside
-    // [0, r] and for r < 0); Mask0 is implicit: only j <= i is computed.
-    void conv_rows(const std::vector<std::vector<float>>& ring, index_t base, index_t cq_ring, index_t i,
-                   const float* th, const detail::mta::conv_shape& cs, float* y, index_t n) const {
-        const index_t G = cs.groups, cq = cs.c_q, ck = cs.c_k, hk = cs.key_halo();
-        // Tiles of kConvTile outputs stay in L1 over the c_q c_k G passes that add into them.
-        constexpr index_t kConvTile = 512;
-        for_heads(n, [&](index_t h) {
-            float* yr = y + h * n;
-            for (index_t t0 = 0; t0 < n; t0 += kConvTile) {
-                const index_t t1 = std::min(n, t0 + kConvTile);
-                for (index_t a = 0; a < cq; ++a) {
-                    const index_t r = i + a - (cq - 1);
-                    if (r < 0) continue;
-                    const float* x = ring[static_cast<std::size_t>(base + r % cq_ring)].data();
-                    const index_t len = r + 1;
-                    for (index_t m = 0; m < G; ++m) {
-                        const float* xr = x + ((h / G) * G + m) * len;
-                        for (index_t c = 0; c < ck; ++c) {
-                            const float w = th[((h * G + m) * cq + a) * ck + c];
-                            const index_t sh = c - hk, j0 = std::max(t0, -sh), j1 = std::min(t1, len - sh);
-                            for (index_t j = j0; j < j1; ++j) yr[j] += w * xr[j + sh];
-                        }
-                    }
-                }
-            }
-        });
-    }
-
-    void mix_row(std::vector<float>& y, index_t n, const std::vector<float>& w) {
-        const index_t H = s_.heads;
-        y2_.assign(static_cast<std::size_t>(H * n), 0.0f);
-        for_heads(n, [&](index_t h) {
-            for (index_t g = 0; g < H; ++g) {
-                const float wg = w[static_cast<std::size_t>(h * H + g)];
-                for (index_t j = 0; j < n; ++j) y2_[h * n + j] += wg * y[g * n + j];
-            }
-        });
+    // y = HeadMix(y) over the n keys of a row, y [H][n], w [H][H] as [out][in].
+    void mix(std::vector<float>& y, index_t n, const std::vector<float>& w) {
+        y2_.assign(static_cast<std::size_t>(s_.heads * n), 0.0f);
+        for_heads(n, [&](index_t h) { detail::mta::mix_row(y.data(), n, w.data(), s_.heads, h, y2_.data() + h * n); });
         y.swap(y2_);
     }
 };
