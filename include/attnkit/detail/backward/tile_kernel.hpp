@@ -6,9 +6,11 @@
 //   P, dS                     the gradient row policy (grad_rows.hpp) from the forward's lse
 //   dV_J^T += dO_I^T P        values_panel  (a reduction over the block's query rows)
 //   dK_J^T += Q_I^T dS        values_panel
-//   dQ_I^T += K_J^T dS^T      values_panel  (dS transposed once per tile: rows in lanes)
-// K_J's gradients are complete after its query blocks and are written then; dQ^T of the item's
-// rows accumulates in scratch and is written last.
+//   dQ_I   += dS K_J          the GEMM's macro-kernel (detail/gemm/): dS of the block is kept
+//                             row-major [rows][keys], which is already the GEMM's packed A
+//                             layout, and K_J is packed as its B once per key block
+// K_J's gradients are complete after its query blocks and are written then; dQ of the item's
+// rows accumulates in scratch, row-major, and is written last.
 //
 // Partition (bitwise identical results for any thread count, no atomics): a work item is a
 // (batch, key/value head) pair with all G query heads sharing it. Every gradient element then has
@@ -19,7 +21,7 @@
 // alternative's second pass would recompute S and dP (7 products instead of 5).
 //
 // Memory beyond inputs and gradients: per running item the query side packed once (Q and dO
-// rows, dQ^T accumulators: 3 Lq G max(D, Dv) floats) and one key block's tiles; O(L D).
+// rows, dQ accumulators: 3 Lq G max(D, Dv) floats) and one key block's tiles; O(L D).
 #pragma once
 
 #include <algorithm>
@@ -29,6 +31,8 @@
 
 #include "attnkit/detail/attention_problem.hpp"
 #include "attnkit/detail/backward/grad_rows.hpp"
+#include "attnkit/detail/gemm/kernel.hpp"
+#include "attnkit/detail/gemm/pack.hpp"
 #include "attnkit/detail/micro_kernels.hpp"
 #include "attnkit/detail/scratch.hpp"
 #include "attnkit/thread_pool.hpp"
@@ -91,15 +95,14 @@ void guarded_tile_updates(const float* qrows, index_t ldq, const float* dorows, 
 }
 
 template <class A>
-void guarded_dq_updates(const float* krows, index_t ldk, const float* dst, index_t n_keys, index_t key0,
-                        const index_t* lo, const index_t* hi, index_t dim, float* dqt) {
-    constexpr index_t RT = tile_traits<A>::kTileRows;
-    for (index_t r = 0; r < RT; ++r)
+void guarded_dq_updates(const float* krows, index_t ldk, const float* ds, index_t lds, index_t n_rows,
+                        index_t n_keys, index_t key0, const index_t* lo, const index_t* hi, index_t dim, float* dq) {
+    for (index_t r = 0; r < n_rows; ++r)
         for (index_t u = 0; u < n_keys; ++u) {
             const index_t j = key0 + u;
             if (j < lo[r] || j >= hi[r]) continue;
-            const float dsv = dst[u * RT + r];
-            for (index_t d = 0; d < dim; ++d) dqt[d * RT + r] += krows[u * ldk + d] * dsv;
+            const float dsv = ds[r * lds + u];
+            for (index_t d = 0; d < dim; ++d) dq[r * dim + d] += krows[u * ldk + d] * dsv;
         }
 }
 
@@ -121,26 +124,31 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
     const index_t d_pad = (D + MR - 1) / MR * MR, dv_pad = (Dv + MR - 1) / MR * MR;
     const index_t n_kt = BK / RT;  // key tiles per block
 
-    // Scratch: query side (Q rows, dO rows, dQ^T panels), one key block (K^T and V^T tiles, K
-    // rows, dK^T and dV^T), one query block's S, dP per key tile and dS^T per row panel.
-    const index_t q_size = rows_pad * d_pad, do_size = rows_pad * dv_pad, dqt_size = rows_pad * d_pad;
+    // Scratch: query side (Q rows, dO rows, dQ rows), one key block (K^T and V^T tiles, K rows
+    // and K packed as the GEMM's B, dK^T and dV^T), one query block's S and dP per key tile and
+    // its dS [RB][BK] over the whole key block.
+    using GT = gemm_traits<A>;
+    static_assert(TL::kBlockRows % GT::kMR == 0, "dS rows must fill whole GEMM micro-panels");
+    const index_t q_size = rows_pad * d_pad, do_size = rows_pad * dv_pad, dq_size = rows_pad * D;
     const index_t kt_size = BK * D, vt_size = BK * Dv, kr_size = (BK + MR) * d_pad;
+    const index_t kb_size = BK * ((D + GT::kNR - 1) / GT::kNR * GT::kNR);
     const index_t dkt_size = BK * d_pad, dvt_size = BK * dv_pad;
-    const index_t s_size = RB * RT, dst_size = RB * BK;
-    buf.assign(static_cast<std::size_t>(q_size + do_size + dqt_size + kt_size + vt_size + kr_size + dkt_size +
-                                        dvt_size + 2 * s_size + dst_size),
+    const index_t s_size = RB * RT, ds_size = RB * BK;
+    buf.assign(static_cast<std::size_t>(q_size + do_size + dq_size + kt_size + vt_size + kr_size + kb_size +
+                                        dkt_size + dvt_size + 2 * s_size + ds_size),
                0.0f);
     float* qrows = buf.data();
     float* dorows = qrows + q_size;
-    float* dqt = dorows + do_size;
-    float* kt = dqt + dqt_size;
+    float* dq = dorows + do_size;
+    float* kt = dq + dq_size;
     float* vt = kt + kt_size;
     float* krows = vt + vt_size;
     float* dkt = krows + kr_size;
     float* dvt = dkt + dkt_size;
     float* sc = dvt + dvt_size;
     float* dp = sc + s_size;
-    float* dst = dp + s_size;
+    float* dsb = dp + s_size;
+    float* kb = dsb + ds_size;
 
     // Pack the query side once: Q rows scaled as the forward packs them, dO rows.
     for (index_t r = 0; r < n_rows; ++r) {
@@ -209,6 +217,7 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
             for (index_t c = 0; c < Dv; ++c) vtile[c * RT] = simd::to_float(vr[c]);
         }
         const bool k_finite = all_finite<A>(krows, nk * d_pad) && all_finite<A>(vt, n_kt * Dv * RT);
+        gemm_pack_b<GT::kNR>(krows, d_pad, BK, D, kb);
 
         for (index_t qb = 0; qb < n_qb; ++qb) {
             if (qb_lo[qb] >= std::min(j0 + nk, qb_hi[qb]) || qb_hi[qb] <= j0) continue;
@@ -220,10 +229,8 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
             bool any = false;
             for (index_t u = 0; u < n_kt; ++u) {
                 const index_t ju = j0 + u * RT;
-                float* dsu_t = dst;  // [row panel][BK][RT]
                 if (ju >= j0 + nk || ju >= qb_hi[qb] || ju + RT <= qb_lo[qb]) {
-                    for (index_t t = 0; t < RB / RT; ++t)
-                        std::fill_n(dsu_t + t * BK * RT + u * RT * RT, RT * RT, 0.0f);
+                    for (index_t r = 0; r < RB; ++r) std::fill_n(dsb + r * BK + u * RT, RT, 0.0f);
                     continue;
                 }
                 any = true;
@@ -240,21 +247,14 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
                     values_panel<A>(doi, dv_pad, RB, sc, ones, dvt_u);
                     values_panel<A>(qi, d_pad, RB, dp, ones, dkt_u);
                 }
-                // dS^T per row panel: [t][key u * RT + k][row r % RT].
-                for (index_t r = 0; r < RB; ++r) {
-                    float* to = dsu_t + (r / RT) * BK * RT + u * RT * RT + r % RT;
-                    for (index_t k = 0; k < RT; ++k) to[k * RT] = dp[r * RT + k];
-                }
+                for (index_t r = 0; r < RB; ++r) std::copy_n(dp + r * RT, RT, dsb + r * BK + u * RT);
             }
             if (!any) continue;
-            for (index_t t = 0; t < RB / RT; ++t) {
-                float* dq_t = dqt + (qb * RB + t * RT) * d_pad;
-                const float* ds_t = dst + t * BK * RT;
-                if (!finite && !(j0 >= qb_max_lo[qb] && j0 + BK <= qb_min_hi[qb]))
-                    guarded_dq_updates<A>(krows, d_pad, ds_t, nk, j0, loi + t * RT, hii + t * RT, D, dq_t);
-                else
-                    values_panel<A>(krows, d_pad, BK, ds_t, ones, dq_t);
-            }
+            float* dq_i = dq + qb * RB * D;
+            if (!finite && !(j0 >= qb_max_lo[qb] && j0 + BK <= qb_min_hi[qb]))
+                guarded_dq_updates<A>(krows, d_pad, dsb, BK, RB, nk, j0, loi, hii, D, dq_i);
+            else
+                gemm_macro<A>(dsb, kb, RB, D, BK, dq_i, D, false);
         }
         // The block's dK and dV are complete.
         for (index_t u = 0; u < nk; ++u) {
@@ -268,11 +268,9 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
     }
     write_zero_keys(std::max(blk0, std::min(Lk, (k_hi + BK - 1) / BK * BK)), Lk);
 
-    // dQ^T panels back to rows.
     for (index_t r = 0; r < n_rows; ++r) {
         float* dqr = go.d_q.ptr(b, r / G, hk * G + r % G);
-        const float* src = dqt + (r / RT) * RT * d_pad + r % RT;
-        for (index_t d = 0; d < D; ++d) dqr[d] = src[d * RT] * go.dq_scale;
+        for (index_t d = 0; d < D; ++d) dqr[d] = dq[r * D + d] * go.dq_scale;
     }
 }
 
