@@ -1,4 +1,5 @@
-// Tests of the SIMD layer (attnkit/simd/simd.hpp, convert.hpp, xsimd_compat.hpp).
+// Tests of the SIMD layer (attnkit/simd/simd.hpp, convert.hpp, xsimd_compat.hpp, and through them
+// the per-ISA kernels in attnkit/simd/arch/).
 //
 // Every test is a typed test over the architecture tag: simd::default_arch (whatever the compile
 // flags select: SSE2, AVX2, AVX-512, NEON, or scalar under ATTNKIT_SIMD_SCALAR) and
@@ -156,6 +157,17 @@ TEST(SimdArch, DefaultArchMatchesCompileFlags) {
     EXPECT_EQ(simd::kLanes<simd::default_arch>, 8) << simd::default_arch::name();
 #elif defined(__SSE2__) || defined(__ARM_NEON)
     EXPECT_EQ(simd::kLanes<simd::default_arch>, 4) << simd::default_arch::name();
+#endif
+}
+
+// vdpbf16ps is used exactly where the target has AVX-512 BF16, at the 16-lane width; never on
+// the scalar path.
+TEST(SimdArch, Bf16DotWhereTheTargetHasIt) {
+    EXPECT_FALSE(simd::kBf16Dot<simd::scalar_arch>);
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && !defined(ATTNKIT_SIMD_SCALAR)
+    EXPECT_TRUE(simd::kBf16Dot<simd::default_arch>);
+#else
+    EXPECT_FALSE(simd::kBf16Dot<simd::default_arch>);
 #endif
 }
 
@@ -428,6 +440,20 @@ TYPED_TEST(Simd, MaxMinNaNReturnsSecondOperand) {
     for (float v : lanes_of<A>(simd::min(simd::set1<A>(kNaN), simd::set1<A>(kInf)))) EXPECT_EQ(v, kInf);
     for (float v : lanes_of<A>(simd::max(simd::set1<A>(kInf), simd::set1<A>(kNaN)))) EXPECT_TRUE(std::isnan(v));
     for (float v : lanes_of<A>(simd::min(simd::set1<A>(-kInf), simd::set1<A>(kNaN)))) EXPECT_TRUE(std::isnan(v));
+}
+
+TYPED_TEST(Simd, SelectPicksLaneByLane) {
+    using A = TypeParam;
+    const std::size_t w = static_cast<std::size_t>(W<A>);
+    std::mt19937 rng(17);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (int rep = 0; rep < 200; ++rep) {
+        std::vector<float> x(w), y(w), a(w), b(w);
+        for (std::size_t i = 0; i < w; ++i) x[i] = dist(rng), y[i] = dist(rng), a[i] = dist(rng), b[i] = dist(rng);
+        if (rep % 3 == 0) a[static_cast<std::size_t>(rep) % w] = kNaN;  // selected values pass through untouched
+        const auto r = lanes_of<A>(simd::select(make<A>(x) < make<A>(y), make<A>(a), make<A>(b)));
+        for (std::size_t i = 0; i < w; ++i) ASSERT_TRUE(same_bits(r[i], x[i] < y[i] ? a[i] : b[i])) << "lane " << i;
+    }
 }
 
 TYPED_TEST(Simd, HsumMatchesDoubleSum) {
@@ -717,6 +743,35 @@ TYPED_TEST(Simd, Exp2AndExpMonotoneNearZero) {
     EXPECT_GT(y2.back(), 1.0f);
 }
 
+template <class A>
+struct Exp2NonpositiveFn {
+    simd::vfloat<A> operator()(const simd::vfloat<A>& x) const { return simd::exp2_nonpositive(x); }
+};
+
+// exp2_nonpositive is exp2 without the overflow handling: for every x <= 0 (and NaN) it must give
+// exp2's bits, so it inherits exp2's accuracy, its 0 below -126 and its NaN rule.
+TYPED_TEST(Simd, Exp2NonpositiveIsExp2ForNonpositiveX) {
+    using A = TypeParam;
+    std::vector<float> xs = sweep(-130.0, 0.0, std::size_t{1} << 20);
+    std::vector<float> centers;
+    for (int k = -128; k <= 0; ++k) {
+        centers.push_back(static_cast<float>(k));
+        centers.push_back(static_cast<float>(k) + 0.5f);
+    }
+    add_neighbourhoods(xs, centers, 4);
+    xs.erase(std::remove_if(xs.begin(), xs.end(), [](float x) { return !(x <= 0.0f); }), xs.end());
+    for (float x : {-0.0f, -1e-30f, -1e-40f /* subnormal */, -149.0f, -1000.0f, -std::numeric_limits<float>::max(), -kInf})
+        xs.push_back(x);
+    const auto want = map_lanes<A>(xs, Exp2Fn<A>{});
+    const auto got = map_lanes<A>(xs, Exp2NonpositiveFn<A>{});
+    for (std::size_t i = 0; i < xs.size(); ++i)
+        ASSERT_TRUE(same_bits(got[i], want[i])) << "exp2_nonpositive(" << xs[i] << ") = " << got[i] << ", exp2 " << want[i];
+    const Exp2NonpositiveFn<A> f;
+    expect_special<A>(f, -kInf, 0.0f, -0.5f);
+    expect_special<A>(f, 0.0f, 1.0f, -0.5f);
+    for (float x : nan_inputs()) expect_special<A>(f, x, kNaN, -0.5f);
+}
+
 // ---- tanh ----------------------------------------------------------------------------------
 
 TYPED_TEST(Simd, TanhAbsoluteErrorSweep) {
@@ -905,6 +960,63 @@ TYPED_TEST(Simd, Bfloat16SplitDotMatchesDoubleDot) {
             ASSERT_NEAR(simd::hsum(acc), want, (3.0 * static_cast<double>(n) + 64.0) * kEps * mag)
                 << "n = " << n << ", trial " << trial;
         }
+    }
+}
+
+// ---- streaming kernels (dot, stream_store) ---------------------------------------------------
+
+// dot over lengths around multiples of the 4-accumulator block (4W) and the lane width, at every
+// misalignment: to float rounding of the double dot, exact on small integers, and the same bits
+// on a second call (the summation order depends only on n and the arch).
+TYPED_TEST(Simd, DotMatchesDoubleDot) {
+    using A = TypeParam;
+    const index_t w = W<A>;
+    std::mt19937 rng(23);
+    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+    std::vector<float> a(static_cast<std::size_t>(16 * w + 64)), b(a.size());
+    for (index_t n = 0; n <= 9 * w + 3; ++n) {
+        for (index_t off = 0; off < w; ++off) {
+            SCOPED_TRACE("n " + std::to_string(n) + " offset " + std::to_string(off));
+            for (std::size_t i = 0; i < a.size(); ++i) a[i] = dist(rng), b[i] = dist(rng);
+            const float* pa = a.data() + off;
+            const float* pb = b.data() + 2 * off;  // a and b misaligned differently
+            double want = 0, mag = 0;
+            for (index_t i = 0; i < n; ++i) {
+                want += static_cast<double>(pa[i]) * pb[i];
+                mag += std::fabs(static_cast<double>(pa[i]) * pb[i]);
+            }
+            const float got = simd::dot<A>(pa, pb, n);
+            ASSERT_NEAR(got, want, static_cast<double>(n + w) * kEps * mag);
+            ASSERT_TRUE(same_bits(simd::dot<A>(pa, pb, n), got));
+        }
+        std::vector<float> x(static_cast<std::size_t>(n)), y(static_cast<std::size_t>(n));
+        double exact = 0;
+        for (index_t i = 0; i < n; ++i) {
+            x[static_cast<std::size_t>(i)] = static_cast<float>(i % 7) - 3.0f;
+            y[static_cast<std::size_t>(i)] = static_cast<float>(i % 5) + 1.0f;
+            exact += static_cast<double>(x[static_cast<std::size_t>(i)]) * y[static_cast<std::size_t>(i)];
+        }
+        EXPECT_EQ(simd::dot<A>(x.data(), y.data(), n), static_cast<float>(exact)) << "n " << n;
+    }
+}
+
+// stream_aligned accepts exactly the vector-aligned addresses; stream_store there writes one full
+// vector and nothing else; store_fence orders it (and is callable on every target).
+TYPED_TEST(Simd, StreamStoreWritesOneAlignedVector) {
+    using A = TypeParam;
+    const std::size_t w = static_cast<std::size_t>(W<A>);
+    GuardedBuffer buf;  // 64-byte aligned, payloads from kPad = 32 floats on
+    for (std::size_t off = 0; off < 16; ++off)
+        EXPECT_EQ(simd::stream_aligned<A>(buf.at(off)), off % w == 0) << "offset " << off;
+    std::vector<float> vals(w);
+    for (std::size_t i = 0; i < w; ++i) vals[i] = 0.5f + static_cast<float>(i);
+    for (std::size_t off = 0; off < 16; off += w) {
+        GuardedBuffer dst;
+        ASSERT_TRUE(simd::stream_aligned<A>(dst.at(off)));
+        simd::stream_store(dst.at(off), make<A>(vals));
+        simd::store_fence();
+        for (std::size_t i = 0; i < w; ++i) EXPECT_EQ(dst.at(off)[i], vals[i]) << "offset " << off << " lane " << i;
+        EXPECT_TRUE(dst.guards_intact(off, w));
     }
 }
 

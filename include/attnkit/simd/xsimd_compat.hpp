@@ -1,5 +1,5 @@
 // Shims over xsimd API changes, so that the rest of attnkit compiles against Debian's xsimd 8.1
-// and against current releases alike. This header and simd.hpp are the only ones naming xsimd.
+// and against current releases alike. Only the headers under attnkit/simd/ name xsimd.
 #pragma once
 
 // xsimd inside the GCC 12 false AVX-512 warning region (detail/avx512_warnings.hpp).

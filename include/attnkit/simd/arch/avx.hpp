@@ -1,0 +1,79 @@
+// Kernels of the SIMD layer for the AVX family (tags xsimd::avx and xsimd::avx2, and what derives
+// from them: fma3<avx>, fma3<avx2>): 8 float lanes. Only what the portable kernels in
+// generic.hpp cannot express well is here. Not a public header (include attnkit/simd/simd.hpp).
+//
+//   stream_store / store_fence  vmovntps and sfence: xsimd has no non-temporal store.
+//   load_float (16-bit)         AVX2: bfloat16 by one zero-extension and a shift; half by
+//                               vcvtph2ps where the target has F16C. Plain AVX has no 256-bit
+//                               integer shifts, so bfloat16 (and half without F16C) is two SSE
+//                               halves (sse.hpp's widen4) joined, still no element loop.
+//   load_bf16_pairs             AVX2 only (it needs the 256-bit shift and mask); plain AVX
+//                               uses the generic element loop.
+// avx does not derive from sse2 in xsimd 8 (it does in later releases), so store_fence is
+// repeated here rather than inherited.
+#pragma once
+
+#include <type_traits>
+
+#include "attnkit/config.hpp"
+#include "attnkit/simd/arch/common.hpp"
+#include "attnkit/simd/arch/sse.hpp"
+
+// Everything here needs the AVX intrinsics; without them the SSE or generic kernels serve.
+#if XSIMD_WITH_AVX
+#include <immintrin.h>
+
+namespace attnkit {
+namespace simd {
+namespace kernel {
+
+using xsimd::avx;
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE void stream_store(float* p, const xsimd::batch<float, A>& v, requires_arch<avx>) noexcept {
+    _mm256_stream_ps(p, v);
+}
+inline void store_fence(requires_arch<avx>) noexcept { _mm_sfence(); }
+
+// Eight values of T (Eigen::bfloat16 or Eigen::half) in x, as floats.
+template <class T>
+ATTNKIT_ALWAYS_INLINE __m256 widen8(__m128i x, requires_arch<avx>) noexcept {
+#if defined(__F16C__)
+    if constexpr (std::is_same<T, Eigen::half>::value) return _mm256_cvtph_ps(x);
+#endif
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(widen4<T>(x)), widen4<T>(_mm_srli_si128(x, 8)), 1);
+}
+#if XSIMD_WITH_AVX2
+using xsimd::avx2;
+
+template <class T>
+ATTNKIT_ALWAYS_INLINE __m256 widen8(__m128i x, requires_arch<avx2>) noexcept {
+    if constexpr (std::is_same<T, Eigen::bfloat16>::value)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+    else
+        return widen8<T>(x, avx{});
+}
+#endif
+
+// (Both widen8 overloads are declared above this call, so that it finds the avx2 one.)
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> load_float(const T* p, requires_arch<avx>) noexcept {
+    return xsimd::batch<float, A>(widen8<T>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), A{}));
+}
+
+#if XSIMD_WITH_AVX2
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE void load_bf16_pairs(const T* p, xsimd::batch<float, A>& even, xsimd::batch<float, A>& odd,
+                                           requires_arch<avx2>) noexcept {
+    using B = xsimd::batch<float, A>;
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = B(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
+    odd = B(_mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u)))));
+}
+#endif  // XSIMD_WITH_AVX2
+
+}  // namespace kernel
+}  // namespace simd
+}  // namespace attnkit
+
+#endif  // XSIMD_WITH_AVX

@@ -1,0 +1,86 @@
+// Kernels of the SIMD layer for the SSE family (tag xsimd::sse2 and what derives from it:
+// sse3 ... sse4_2, fma3<sse4_2>, fma4): 4 float lanes. Only what the portable kernels in
+// generic.hpp cannot express well is here. Not a public header (include attnkit/simd/simd.hpp).
+//
+//   stream_store / store_fence  movntps and sfence: xsimd has no non-temporal store.
+//   load_float (16-bit)         four bfloat16 widened by one unpack against zero (bfloat16 is
+//                               the upper half of a float); four half by vcvtph2ps where the
+//                               target has F16C, else by an exact integer sequence (plain SSE2
+//                               has no half conversion), instead of the generic element loop.
+//   load_bf16_pairs             even / odd elements by one shift and one mask per 8 elements.
+// widen4 is also the building block of the AVX (no AVX2) 16-bit loads in avx.hpp.
+#pragma once
+
+#include <type_traits>
+
+#include "attnkit/config.hpp"
+#include "attnkit/simd/arch/common.hpp"
+
+// Everything here needs the SSE2 intrinsics; without them the generic kernels serve.
+#if XSIMD_WITH_SSE2
+#include <immintrin.h>
+
+namespace attnkit {
+namespace simd {
+namespace kernel {
+
+using xsimd::sse2;
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE void stream_store(float* p, const xsimd::batch<float, A>& v, requires_arch<sse2>) noexcept {
+    _mm_stream_ps(p, v);
+}
+inline void store_fence(requires_arch<sse2>) noexcept { _mm_sfence(); }
+
+// Four half values (low 16 bits of each int32 lane) to float bits, without F16C: zeros,
+// subnormals, infinities and NaN exactly.
+ATTNKIT_ALWAYS_INLINE __m128 half_bits_to_float_sse2(__m128i h) noexcept {
+    const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
+    __m128i o = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7fff)), 13);  // exponent + mantissa
+    const __m128i exp = _mm_and_si128(o, _mm_set1_epi32(0x0f800000));
+    o = _mm_add_epi32(o, _mm_set1_epi32((127 - 15) << 23));  // rebias
+    // Inf / NaN: exponent all ones, rebias once more so it becomes 255.
+    const __m128i is_inf = _mm_cmpeq_epi32(exp, _mm_set1_epi32(0x0f800000));
+    o = _mm_add_epi32(o, _mm_and_si128(is_inf, _mm_set1_epi32((128 - 16) << 23)));
+    // Zero / subnormal: value = mantissa * 2^-24, computed exactly as (2^-14 + m) - 2^-14 in float.
+    const __m128i is_sub = _mm_cmpeq_epi32(exp, _mm_setzero_si128());
+    const __m128 sub = _mm_sub_ps(_mm_castsi128_ps(_mm_add_epi32(o, _mm_set1_epi32(1 << 23))),
+                                  _mm_castsi128_ps(_mm_set1_epi32(113 << 23)));
+    o = _mm_or_si128(_mm_and_si128(is_sub, _mm_castps_si128(sub)), _mm_andnot_si128(is_sub, o));
+    return _mm_castsi128_ps(_mm_or_si128(o, sign));
+}
+
+// Four values of T (Eigen::bfloat16 or Eigen::half) in the low 64 bits of x, as floats.
+template <class T>
+ATTNKIT_ALWAYS_INLINE __m128 widen4(__m128i x) noexcept {
+    if constexpr (std::is_same<T, Eigen::bfloat16>::value) {
+        // Unpacking against zero puts each value in the high half of its lane: the float.
+        return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), x));
+    } else {
+#if defined(__F16C__)
+        return _mm_cvtph_ps(x);
+#else
+        return half_bits_to_float_sse2(_mm_unpacklo_epi16(x, _mm_setzero_si128()));
+#endif
+    }
+}
+
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> load_float(const T* p, requires_arch<sse2>) noexcept {
+    return xsimd::batch<float, A>(widen4<T>(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE void load_bf16_pairs(const T* p, xsimd::batch<float, A>& even, xsimd::batch<float, A>& odd,
+                                           requires_arch<sse2>) noexcept {
+    using B = xsimd::batch<float, A>;
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    even = B(_mm_castsi128_ps(_mm_slli_epi32(x, 16)));
+    odd = B(_mm_castsi128_ps(_mm_and_si128(x, _mm_set1_epi32(static_cast<int>(0xffff0000u)))));
+}
+
+}  // namespace kernel
+}  // namespace simd
+}  // namespace attnkit
+
+#endif  // XSIMD_WITH_SSE2
