@@ -369,13 +369,17 @@ TEST(softmax_attention_backward, rows_without_keys_contribute_nothing) {
         for (index_t h = 0; h < 2; ++h)
             for (index_t d = 0; d < 6; ++d) {
                 EXPECT_EQ(0.0f, g.dq(0, i, h, d));
-                if (i < 2) EXPECT_EQ(0.0f, g.dq(1, i, h, d)) << "row " << i << " sees no key (Lq > Lk)";
+                if (i < 2) {
+                    EXPECT_EQ(0.0f, g.dq(1, i, h, d)) << "row " << i << " sees no key (Lq > Lk)";
+                }
             }
     for (index_t j = 0; j < 7; ++j)
         for (index_t d = 0; d < 6; ++d) {
             EXPECT_EQ(0.0f, g.dk(0, j, 0, d));
             EXPECT_EQ(0.0f, g.dv(0, j, 1, d));
-            if (j >= 5) EXPECT_EQ(0.0f, g.dk(1, j, 1, d));
+            if (j >= 5) {
+                EXPECT_EQ(0.0f, g.dk(1, j, 1, d));
+            }
         }
     expect_matches_oracle(q, k, v, dout, o);
 }
