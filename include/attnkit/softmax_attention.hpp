@@ -32,10 +32,7 @@ template <class A, class TQ, class TK, class TV>
 void softmax_attention_run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
                            const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
     const attention_shape s = check_qkv(q, k, v);
-    // Mask bounds are compared to key indices in float lanes, exact below 2^24.
-    if (s.len_k >= (index_t(1) << 24))
-        fail("k: at most 2^24 - 1 keys per call (split longer caches and merge_partials), got Lk = " +
-             std::to_string(s.len_k) + " in " + shape_string(k));
+    check_max_keys("k", s.len_k, "keys per call (split longer caches and merge_partials)", "Lk", k);
     check_out("out", out, s);
     if (lse) check_lse("lse", *lse, s);
     check_options(opts, s);
@@ -125,10 +122,8 @@ void merge_partials(const OA& out_a, const LA& lse_a, const OB& out_b, const LB&
     const auto lb = detail::input_view<3>("lse_b", lse_b, "[B, Lq, H]");
     const auto o = detail::out_view(out);
     const auto l = detail::lse_view(lse);
-    constexpr bool kFloat =
-        detail::kFloatViews<decltype(oa), decltype(la), decltype(ob), decltype(lb), decltype(o), decltype(l)>;
-    static_assert(kFloat, "attnkit::merge_partials: every argument must be a float tensor");
-    if constexpr (kFloat) detail::merge_partials_run(oa, la, ob, lb, o, l);  // else: that error alone
+    ATTNKIT_IF_FLOAT("attnkit::merge_partials: every argument must be a float tensor", oa, la, ob, lb, o, l)
+        detail::merge_partials_run(oa, la, ob, lb, o, l);
 }
 
 }  // namespace attnkit
