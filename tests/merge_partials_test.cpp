@@ -116,6 +116,36 @@ TEST(merge_row, empty_sides_nan_and_zero_valued_side) {
 
 // ---- attnkit::merge_partials ---------------------------------------------------------------
 
+// lse = +inf (scores past the float range): a side at +inf outweighs a finite one, and two
+// sides at +inf are a tie, the mean of the outputs with lse = +inf (their difference used to
+// make both NaN).
+TEST(merge_partials, both_lse_plus_inf_give_the_mean) {
+    const index_t B = 1, L = 2, H = 1, Dv = 3;
+    tensor4<float> oa(B, L, H, Dv), ob(B, L, H, Dv), out(B, L, H, Dv);
+    tensor3<float> la(B, L, H), lb(B, L, H), lse(B, L, H);
+    for (index_t c = 0; c < Dv; ++c) {
+        oa(0, 0, 0, c) = oa(0, 1, 0, c) = 1.0f + static_cast<float>(c);
+        ob(0, 0, 0, c) = ob(0, 1, 0, c) = -3.0f * static_cast<float>(c);
+    }
+    la(0, 0, 0) = lb(0, 0, 0) = kInf;                // both +inf: the mean
+    la(0, 1, 0) = 5.0f, lb(0, 1, 0) = kInf;          // one +inf: that side
+    attnkit::merge_partials(oa, la, ob, lb, out, lse);
+    for (index_t c = 0; c < Dv; ++c) {
+        EXPECT_EQ(0.5f * (oa(0, 0, 0, c) + ob(0, 0, 0, c)), out(0, 0, 0, c)) << c;
+        EXPECT_EQ(ob(0, 1, 0, c), out(0, 1, 0, c)) << c;
+    }
+    EXPECT_EQ(kInf, lse(0, 0, 0));
+    EXPECT_EQ(kInf, lse(0, 1, 0));
+    // Either way round, and through the row merge the engine uses.
+    std::vector<float> o{2.0f, 4.0f};
+    const std::vector<float> b{6.0f, 0.0f};
+    float l = kInf;
+    attnkit::detail::merge_row(o.data(), l, b.data(), kInf, 2);
+    EXPECT_EQ(4.0f, o[0]);
+    EXPECT_EQ(2.0f, o[1]);
+    EXPECT_EQ(kInf, l);
+}
+
 TEST(merge_partials, normalised_at_lse_1e6) {
     const index_t B = 1, L = 2, H = 3, Dv = 4;
     tensor4<float> oa = make_bshd(B, L, H, Dv, 1.0f), ob = make_bshd(B, L, H, Dv, 1.0f);

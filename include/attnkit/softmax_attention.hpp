@@ -111,7 +111,10 @@ inline void merge_partials_run(const view<const float, 4>& oa, const view<const 
 
 // Exact merge of two attention results over disjoint key sets (split-KV decode, ring attention):
 // lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b, with
-// weights that sum to 1 at any lse (detail/lse_merge.hpp). All float; lse views take any strides.
+// weights that sum to 1 at any lse (detail/lse_merge.hpp). A side with lse = -inf (no visible
+// key) contributes nothing, both at -inf give out = 0 and lse = -inf; a side at +inf outweighs a
+// finite one, and both at +inf give the mean of out_a and out_b with lse = +inf; NaN in an lse
+// gives NaN. All float; lse views take any strides.
 // out may be the very same view as out_a or out_b, and lse as lse_a or lse_b (in place); any
 // other sharing of memory between an output and an argument is rejected.
 template <class OA, class LA, class OB, class LB, class O, class L>
