@@ -136,6 +136,10 @@ TEST(Decoder, RejectsSizesWhoseProductsOverflow) {
     c = small_config(attention_variant::standard, "uniform");
     c.ffn = index_t(1) << 60;
     expect_invalid([&] { decoder{c}; }, {"attnkit::model::decoder:", "d_model * ffn"});
+    c = small_config(attention_variant::embedding_qk, "uniform");
+    c.layers = index_t(1) << 24;
+    c.d_model = index_t(1) << 20;
+    expect_invalid([&] { decoder{c}; }, {"attnkit::model::decoder:", "the embedding_qk weights"});
 }
 
 TEST(Decoder, RejectsAnUnknownVariant) {

@@ -110,6 +110,12 @@ inline void check_decoder_config(const decoder_config& c) {
     fits("d_model * d_model (the attention projections)", c.d_model, c.d_model);
     fits("d_model * ffn (the feed-forward weights)", c.d_model, c.ffn_width());
     fits("max_length * d_model (the caches and the fixed stream)", c.max_length, c.d_model);
+    if (c.variant == attention_variant::embedding_qk) {  // one [d_model, layers * (H + Hk) D] matrix
+        index_t width = 0;
+        if (!attnkit::detail::mul_fits(c.layers, 2 * c.d_model, width))
+            bad("layers * 2 d_model overflows int64, got layers = " + std::to_string(c.layers));
+        fits("d_model * layers * (heads + heads_kv) * head dim (the embedding_qk weights)", c.d_model, width);
+    }
     if (c.variant == attention_variant::rnd_emb_qk || c.variant == attention_variant::fixed_seq_qk)
         fits("heads * max_length^2 (the static attention maps)", c.heads, c.max_length * c.max_length);
     if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps)) bad("norm_eps must be finite and > 0");
