@@ -477,7 +477,8 @@ TEST(check_test_overflow, static_map_of_a_long_zero_stride_stream) {
     const float one = 1.0f;
     const index_t L = index_t(1) << 32;  // L (L + 1) / 2 > 2^63
     const view<const float, 4> qf(&one, {1, L, 1, 1}, {0, 0, 1, 1});
-    expect_invalid([&] { attnkit::static_attention_map m(qf, qf); }, {"q_fixed:", "Lmax = 4294967296", "overflows int64"});
+    expect_invalid([&] { attnkit::static_attention_map m(qf, qf); },
+                   {"q_fixed:", "Lmax = 4294967296", "overflows int64"});
     const view<const float, 4> qh(&one, {1, index_t(1) << 30, index_t(1) << 20, 1}, {0, 0, 0, 1});
     expect_invalid([&] { attnkit::static_attention_map m(qh, qh); }, {"q_fixed:", "H = 1048576", "overflows int64"});
 }
@@ -485,10 +486,11 @@ TEST(check_test_overflow, static_map_of_a_long_zero_stride_stream) {
 TEST(check_test_overflow, embedding_layout_heads_plus_heads_kv) {
     const float one = 1.0f;
     const view<const float, 3> qk(&one, {1, 1, 1}, {1, 1, 1});
+    const std::string too_large = "layout: layers * (heads + heads_kv) * dim is too large";
     const attnkit::embedding_qk_layout lay{1, index_t(1) << 62, index_t(1) << 62, 1};
-    expect_invalid([&] { attnkit::embedding_q(qk, lay, 0); }, "layout: layers * (heads + heads_kv) * dim is too large");
+    expect_invalid([&] { attnkit::embedding_q(qk, lay, 0); }, too_large);
     const attnkit::embedding_qk_layout wide{index_t(1) << 30, 4, 4, index_t(1) << 30};
-    expect_invalid([&] { attnkit::embedding_k(qk, wide, 0); }, "layout: layers * (heads + heads_kv) * dim is too large");
+    expect_invalid([&] { attnkit::embedding_k(qk, wide, 0); }, too_large);
 }
 
 // Every decode state checks a step through one routine (detail::check_state_step): the messages
