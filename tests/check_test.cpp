@@ -5,6 +5,7 @@
 // same signatures (e.g. the fast kernel), include its header and add it to entry_points:
 //     ATTNKIT_ENTRY_POINT(fast, attnkit::softmax_attention)
 //     using entry_points = ::testing::Types<reference, fast>;
+#include "attnkit/embedding_qk.hpp"
 #include "attnkit/model/rms_norm.hpp"
 #include "attnkit/model/rope.hpp"
 #include "attnkit/mta_attention.hpp"
@@ -449,6 +450,76 @@ TEST(check_test_mta, out_overlapping_an_input_is_rejected) {
     st.step(q, k, v, q);
     EXPECT_EQ(l, st.length());
     EXPECT_TRUE(all_close(q, make_bshd(b, l, h, d, 1.0f), 1e-6, 1e-6));
+}
+
+// Sizes whose products overflow int64 are std::invalid_argument naming the argument before
+// anything is allocated; they used to wrap (UBSan: signed overflow) and then reach bad_alloc,
+// length_error or a message with a negative width.
+TEST(check_test_overflow, state_sizes_whose_bytes_overflow_int64) {
+    const index_t big = index_t(1) << 62;
+    const std::string sizes = "batch " + std::to_string(big) + ", heads 1, heads_kv 1, dim 8, dim_v 8";
+    expect_invalid([&] { attnkit::taylor_state(big, 1, 1, 8, 8); }, {"taylor_state:", sizes, "overflows int64"});
+    expect_invalid([&] { attnkit::self_gating_state(big, 1, 1, 8, 8); },
+                   {"self_gating_state:", sizes, "overflows int64"});
+    expect_invalid([&] { attnkit::mta_state(big, 1, 1, 8, 8, attnkit::mta_options{}); },
+                   {"mta_state:", sizes, "overflows int64"});
+}
+
+TEST(check_test_overflow, linear_taylor_state_of_a_huge_head_dim) {
+    // The linear Taylor state holds D(D+1)/2 feature rows per item: D = 2^31 overflows there.
+    attnkit::taylor_options lin;
+    lin.form = attnkit::taylor_form::linear;
+    expect_invalid([&] { attnkit::taylor_state(1, 1, 1, index_t(1) << 31, 8, lin); },
+                   {"taylor_state:", "linear state", "overflows int64"});
+}
+
+TEST(check_test_overflow, static_map_of_a_long_zero_stride_stream) {
+    const float one = 1.0f;
+    const index_t L = index_t(1) << 32;  // L (L + 1) / 2 > 2^63
+    const view<const float, 4> qf(&one, {1, L, 1, 1}, {0, 0, 1, 1});
+    expect_invalid([&] { attnkit::static_attention_map m(qf, qf); },
+                   {"q_fixed:", "Lmax = 4294967296", "overflows int64"});
+    const view<const float, 4> qh(&one, {1, index_t(1) << 30, index_t(1) << 20, 1}, {0, 0, 0, 1});
+    expect_invalid([&] { attnkit::static_attention_map m(qh, qh); }, {"q_fixed:", "H = 1048576", "overflows int64"});
+}
+
+TEST(check_test_overflow, embedding_layout_heads_plus_heads_kv) {
+    const float one = 1.0f;
+    const view<const float, 3> qk(&one, {1, 1, 1}, {1, 1, 1});
+    const std::string too_large = "layout: layers * (heads + heads_kv) * dim is too large";
+    const attnkit::embedding_qk_layout lay{1, index_t(1) << 62, index_t(1) << 62, 1};
+    expect_invalid([&] { attnkit::embedding_q(qk, lay, 0); }, too_large);
+    const attnkit::embedding_qk_layout wide{index_t(1) << 30, 4, 4, index_t(1) << 30};
+    expect_invalid([&] { attnkit::embedding_k(qk, wide, 0); }, too_large);
+}
+
+// Every decode state checks a step through one routine (detail::check_state_step): the messages
+// name the argument and the state.
+TEST(check_test_state, step_checks_name_the_argument_and_the_state) {
+    const tensor4<float> q = make_bshd(1, 2, 4, 8, 0.5f), k = make_bshd(1, 2, 2, 8, 0.5f);
+    const tensor4<float> k_bad = make_bshd(1, 2, 2, 6, 0.5f), q0 = make_bshd(1, 0, 4, 8, 0.5f);
+    tensor4<float> out = make_bshd(1, 2, 4, 8, kSentinel), out_bad = make_bshd(1, 2, 3, 8, kSentinel);
+    attnkit::taylor_state ts(1, 4, 2, 8, 8);
+    attnkit::self_gating_state gs(1, 4, 2, 8, 8);
+    attnkit::mta_state ms(1, 4, 2, 8, 8, attnkit::mta_options{});
+    expect_invalid([&] { ts.step(q, k_bad, k, out); }, "k: expected shape [B, T, Hk, D] of the taylor_state");
+    expect_invalid([&] { gs.step(q, k_bad, k, out); }, "k: expected shape [B, T, Hk, D] of the self_gating_state");
+    expect_invalid([&] { ms.step(q, k_bad, k, out); }, "k: expected shape [B, T, Hk, D] of the mta_state");
+    expect_invalid([&] { ts.step(q, k, k, out_bad); }, "out: expected shape [B, T, H, Dv] of the taylor_state");
+    expect_invalid([&] { gs.step(q, k, k, out_bad); }, "out: expected shape [B, T, H, Dv] of the self_gating_state");
+    expect_invalid([&] { ms.step(q, k, k, out_bad); }, "out: expected shape [B, T, H, Dv] of the mta_state");
+    expect_invalid([&] { ts.step(q0, k, k, out); }, "q: a taylor_state step appends T >= 1 tokens");
+    expect_invalid([&] { gs.step(q0, k, k, out); }, "q: a self_gating_state step appends T >= 1 tokens");
+    // out over k: rejected by every state (out over q itself, the same view, is allowed).
+    tensor4<float> kv = make_bshd(1, 2, 4, 8, 0.5f);
+    const view<const float, 4> kk(kv.data(), {1, 2, 2, 8}, {64, 32, 8, 1});
+    expect_invalid([&] { ts.step(q, kk, kk, kv); }, "out");
+    expect_invalid([&] { gs.step(q, kk, kk, kv); }, "out");
+    expect_invalid([&] { ms.step(q, kk, kk, kv); }, "out");
+    EXPECT_TRUE(all_equal_to(out, kSentinel));
+    EXPECT_EQ(0, ts.length());
+    EXPECT_EQ(0, gs.length());
+    EXPECT_EQ(0, ms.length());
 }
 
 // Float options in messages print in shortest form (detail::number), never std::to_string's six

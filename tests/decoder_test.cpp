@@ -10,10 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "common/errors.hpp"
+
 namespace {
 
 using namespace attnkit::model;
 using attnkit::index_t;
+using attnkit_test::expect_invalid;
 
 decoder_config small_config(attention_variant v, const std::string& schedule) {
     decoder_config c;
@@ -118,6 +121,37 @@ TEST(Decoder, RejectsBadConfigsAndInputs) {
     EXPECT_THROW(m.prefill({1, 2, 97}), std::invalid_argument);  // token outside the vocabulary
     EXPECT_THROW(m.prefill({}), std::invalid_argument);
     EXPECT_EQ(m.length(), 48);
+}
+
+// Bad configurations the check used to pass are std::invalid_argument naming the field, before
+// anything is allocated: sizes whose products overflow int64 (then a segfault), an
+// attention_variant outside the enum (then uninitialised reads), a max_length past what one
+// attention call takes (then bad_alloc).
+TEST(Decoder, RejectsSizesWhoseProductsOverflow) {
+    decoder_config c = small_config(attention_variant::standard, "uniform");
+    c.vocab = index_t(1) << 33;
+    c.d_model = index_t(1) << 31;
+    c.heads = c.heads_kv = 1;
+    expect_invalid([&] { decoder{c}; }, {"attnkit::model::decoder:", "vocab * d_model"});
+    c = small_config(attention_variant::standard, "uniform");
+    c.ffn = index_t(1) << 60;
+    expect_invalid([&] { decoder{c}; }, {"attnkit::model::decoder:", "d_model * ffn"});
+    c = small_config(attention_variant::embedding_qk, "uniform");
+    c.layers = index_t(1) << 24;
+    c.d_model = index_t(1) << 20;
+    expect_invalid([&] { decoder{c}; }, {"attnkit::model::decoder:", "the embedding_qk weights"});
+}
+
+TEST(Decoder, RejectsAnUnknownVariant) {
+    decoder_config c = small_config(attention_variant::standard, "uniform");
+    c.variant = static_cast<attention_variant>(99);
+    expect_invalid([&] { decoder{c}; }, {"attnkit::model::decoder:", "variant", "99"});
+}
+
+TEST(Decoder, RejectsMaxLengthPastOneCall) {
+    decoder_config c = small_config(attention_variant::standard, "uniform");
+    c.max_length = index_t(1) << 40;
+    expect_invalid([&] { decoder{c}; }, {"attnkit::model::decoder:", "max_length", "1099511627776"});
 }
 
 TEST(Decoder, ProfileCountsKernelsAndGemms) {

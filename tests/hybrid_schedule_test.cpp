@@ -97,3 +97,19 @@ TEST(HybridSchedule, UnknownNameListsTheValidOnes) {
 }
 
 }  // namespace
+
+// A layer count past 2^24 is std::invalid_argument naming n_layers (2^62 used to reach the
+// vector's allocation: length_error or bad_alloc).
+TEST(HybridSchedule, RejectsLayerCountsPastTheLimit) {
+    for (attnkit::index_t n : {attnkit::index_t(0), (attnkit::index_t(1) << 24) + 1, attnkit::index_t(1) << 62}) {
+        try {
+            attnkit::model::hybrid_schedule("middle", n);
+            ADD_FAILURE() << "no exception for n_layers = " << n;
+        } catch (const std::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("n_layers"), std::string::npos) << e.what();
+        } catch (const std::exception& e) {
+            ADD_FAILURE() << "wrong exception type for n_layers = " << n << ": " << e.what();
+        }
+    }
+    EXPECT_EQ(attnkit::model::hybrid_schedule("first", 3).size(), 3u);
+}

@@ -4,7 +4,8 @@
 // The merge weights of two partial results must sum to 1 however large their lse: at lse = 1e6
 // a float has a spacing of 0.06, so weights taken from a rounded combined lse
 // (exp(lse_a - lse)) can be off by several percent. Every test here is written so that such an
-// error is far outside its tolerance.
+// error is far outside its tolerance. Also: two softmax_attention calls over halves of the keys,
+// merged, equal the whole call (one half fully masked, or both), and lse = +inf on either side.
 #include "attnkit/softmax_attention.hpp"
 #include "attnkit/reference/softmax_attention.hpp"
 
@@ -19,6 +20,7 @@
 
 #include "common/compare.hpp"
 #include "common/random.hpp"
+#include "common/softmax_checks.hpp"
 #include "common/tensor.hpp"
 
 namespace {
@@ -116,6 +118,36 @@ TEST(merge_row, empty_sides_nan_and_zero_valued_side) {
 
 // ---- attnkit::merge_partials ---------------------------------------------------------------
 
+// lse = +inf (scores past the float range): a side at +inf outweighs a finite one, and two
+// sides at +inf are a tie, the mean of the outputs with lse = +inf (their difference used to
+// make both NaN).
+TEST(merge_partials, both_lse_plus_inf_give_the_mean) {
+    const index_t B = 1, L = 2, H = 1, Dv = 3;
+    tensor4<float> oa(B, L, H, Dv), ob(B, L, H, Dv), out(B, L, H, Dv);
+    tensor3<float> la(B, L, H), lb(B, L, H), lse(B, L, H);
+    for (index_t c = 0; c < Dv; ++c) {
+        oa(0, 0, 0, c) = oa(0, 1, 0, c) = 1.0f + static_cast<float>(c);
+        ob(0, 0, 0, c) = ob(0, 1, 0, c) = -3.0f * static_cast<float>(c);
+    }
+    la(0, 0, 0) = lb(0, 0, 0) = kInf;                // both +inf: the mean
+    la(0, 1, 0) = 5.0f, lb(0, 1, 0) = kInf;          // one +inf: that side
+    attnkit::merge_partials(oa, la, ob, lb, out, lse);
+    for (index_t c = 0; c < Dv; ++c) {
+        EXPECT_EQ(0.5f * (oa(0, 0, 0, c) + ob(0, 0, 0, c)), out(0, 0, 0, c)) << c;
+        EXPECT_EQ(ob(0, 1, 0, c), out(0, 1, 0, c)) << c;
+    }
+    EXPECT_EQ(kInf, lse(0, 0, 0));
+    EXPECT_EQ(kInf, lse(0, 1, 0));
+    // Either way round, and through the row merge the engine uses.
+    std::vector<float> o{2.0f, 4.0f};
+    const std::vector<float> b{6.0f, 0.0f};
+    float l = kInf;
+    attnkit::detail::merge_row(o.data(), l, b.data(), kInf, 2);
+    EXPECT_EQ(4.0f, o[0]);
+    EXPECT_EQ(2.0f, o[1]);
+    EXPECT_EQ(kInf, l);
+}
+
 TEST(merge_partials, normalised_at_lse_1e6) {
     const index_t B = 1, L = 2, H = 3, Dv = 4;
     tensor4<float> oa = make_bshd(B, L, H, Dv, 1.0f), ob = make_bshd(B, L, H, Dv, 1.0f);
@@ -203,6 +235,105 @@ TEST(merge_partials, in_place_overlap_and_strided_lse) {
                  std::invalid_argument);
     EXPECT_EQ(2.0f, lb(0, 0, 0));  // nothing written
     EXPECT_EQ(7.0f, buf[5 + B * L * H * Dv]);
+}
+
+// ---- merging two softmax_attention calls over halves of the keys ---------------------------
+
+TEST(merge_partials, two_key_halves_equal_the_whole_call) {
+    struct cfg {
+        index_t B, Lq, Lk, H, Hk, D, Dv, split;
+    };
+    for (const cfg& g : {cfg{2, 65, 200, 4, 2, 64, 48, 97}, cfg{2, 1, 3000, 8, 2, 64, 64, 1500},
+                         cfg{1, 3, 129, 4, 4, 16, 16, 1}, cfg{2, 257, 257, 2, 1, 32, 32, 200}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "Lq " << g.Lq << " Lk " << g.Lk << " split at " << g.split);
+        const tensor4<float> q = random_bshd(g.B, g.Lq, g.H, g.D, distribution::outliers, 21);
+        const tensor4<float> k = random_bshd(g.B, g.Lk, g.Hk, g.D, distribution::outliers, 22);
+        const tensor4<float> v = random_bshd(g.B, g.Lk, g.Hk, g.Dv, distribution::outliers, 23);
+        const softmax_options o;
+        const fast_result whole = run_fast(q, k, v, o);
+        // Halves: one as views into k and v, the other as copies.
+        const fast_result a = run_fast(q, sequence_view(k, 0, g.split), sequence_view(v, 0, g.split), o);
+        tensor4<float> kb = make_bshd<float>(g.B, g.Lk - g.split, g.Hk, g.D),
+                       vb = make_bshd<float>(g.B, g.Lk - g.split, g.Hk, g.Dv);
+        copy_into(kb, sequence_view(k, g.split, g.Lk - g.split));
+        copy_into(vb, sequence_view(v, g.split, g.Lk - g.split));
+        const fast_result b = run_fast(q, kb, vb, o);
+
+        fast_result merged{make_bshd<float>(g.B, g.Lq, g.H, g.Dv, kNaN),
+                           make_lse<float>(g.B, g.Lq, g.H, kNaN)};
+        attnkit::merge_partials(a.out, a.lse, b.out, b.lse, merged.out, merged.lse);
+        EXPECT_TRUE(all_close(merged.out, whole.out, out_tolerance(q, k, v, o)))
+            << "out vs whole call";
+        EXPECT_TRUE(all_close(merged.lse, whole.lse, lse_tolerance(q, k, o)))
+            << "lse vs whole call";
+        const ref_result want = run_reference(q, k, v, o);
+        EXPECT_TRUE(all_close(merged.out, want.out, out_tolerance(q, k, v, o)))
+            << "out vs reference";
+        EXPECT_TRUE(all_close(merged.lse, want.lse, lse_tolerance(q, k, o))) << "lse vs reference";
+
+        // Order does not matter up to rounding (in place: in_place_overlap_and_strided_lse).
+        fast_result swapped{make_bshd<float>(g.B, g.Lq, g.H, g.Dv, kNaN),
+                            make_lse<float>(g.B, g.Lq, g.H, kNaN)};
+        attnkit::merge_partials(b.out, b.lse, a.out, a.lse, swapped.out, swapped.lse);
+        EXPECT_TRUE(all_close(swapped.out, merged.out, out_tolerance(q, k, v, o)));
+    }
+}
+
+TEST(merge_partials, a_fully_masked_half) {
+    const index_t B = 3, Lq = 20, Lk = 150, H = 4, Hk = 2, D = 32, split = 70;
+    const tensor4<float> q = random_bshd(B, Lq, H, D, distribution::gaussian, 31);
+    const tensor4<float> k = random_bshd(B, Lk, Hk, D, distribution::gaussian, 32);
+    const tensor4<float> v = random_bshd(B, Lk, Hk, D, distribution::gaussian, 33);
+    const auto ka = sequence_view(k, 0, split), va = sequence_view(v, 0, split);
+    const auto kb = sequence_view(k, split, Lk - split), vb = sequence_view(v, split, Lk - split);
+
+    // Batch 0: second half masked; batch 1: first half masked; batch 2: both masked.
+    softmax_options oa, ob;
+    oa.key_lengths = {split, 0, 0};
+    ob.key_lengths = {0, Lk - split, 0};
+    const fast_result a = run_fast(q, ka, va, oa);
+    const fast_result b = run_fast(q, kb, vb, ob);
+    fast_result merged{make_bshd<float>(B, Lq, H, D, kNaN), make_lse<float>(B, Lq, H, kNaN)};
+    attnkit::merge_partials(a.out, a.lse, b.out, b.lse, merged.out, merged.lse);
+
+    // Batch 0 must equal the first-half call exactly (the -inf side contributes nothing), batch 1
+    // the second-half call, batch 2 zeros and -inf.
+    for (index_t bi = 0; bi < B; ++bi)
+        for (index_t i = 0; i < Lq; ++i)
+            for (index_t h = 0; h < H; ++h) {
+                const fast_result& src = bi == 0 ? a : b;
+                for (index_t c = 0; c < D; ++c) {
+                    const float want = bi == 2 ? 0.0f : src.out(bi, i, h, c);
+                    ASSERT_EQ(want, merged.out(bi, i, h, c))
+                        << bi << " " << i << " " << h << " " << c;
+                }
+                ASSERT_EQ(bi == 2 ? kNegInfF : src.lse(bi, i, h), merged.lse(bi, i, h));
+            }
+    for (index_t i = 0; i < Lq; ++i)
+        for (index_t h = 0; h < H; ++h) ASSERT_EQ(kNegInfF, a.lse(1, i, h));
+
+    // And the merge equals the whole call: batches 0 and 2 with key_lengths {split, -, 0}; batch
+    // 1 sees keys [split, Lk) only, which key_lengths cannot express: the second-half call.
+    softmax_options whole_o;
+    whole_o.key_lengths = {split, Lk, 0};
+    ref_result want = run_reference(q, k, v, whole_o);
+    const ref_result want_b = run_reference(q, kb, vb, ob);
+    for (index_t i = 0; i < Lq; ++i)
+        for (index_t h = 0; h < H; ++h) {
+            for (index_t c = 0; c < D; ++c) want.out(1, i, h, c) = want_b.out(1, i, h, c);
+            want.lse(1, i, h) = want_b.lse(1, i, h);
+        }
+    EXPECT_TRUE(all_close(merged.out, want.out, out_tolerance(q, k, v, whole_o)));
+    EXPECT_TRUE(all_close(merged.lse, want.lse, lse_tolerance(q, k, whole_o)));
+    const fast_result whole = run_fast(q, k, v, whole_o);
+    for (index_t i = 0; i < Lq; ++i)
+        for (index_t h = 0; h < H; ++h)
+            for (index_t c = 0; c < D; ++c) {
+                ASSERT_NEAR(whole.out(0, i, h, c), merged.out(0, i, h, c),
+                            out_tolerance(q, k, v, whole_o).atol);
+                ASSERT_EQ(0.0f, whole.out(2, i, h, c));
+            }
 }
 
 // ---- the fast kernel's split-KV and sink paths ---------------------------------------------

@@ -44,6 +44,26 @@ INSTANTIATE_TEST_SUITE_P(Widths, RmsNormWidths,
                                            index_t(13), index_t(896), index_t(4099)),
                          [](const auto& info) { return "d" + std::to_string(info.param); });
 
+// Scale: rows of |x| ~ 1e20 (squares past FLT_MAX) and ~1e-20 normalise as the oracle does at
+// every width, the SIMD one (d >= 2 W) included; they used to give 0 there while shorter rows,
+// summed in double, were right.
+TEST(RmsNorm, HugeAndTinyRowsMatchTheReference) {
+    for (index_t d : {index_t(3), 2 * W, 4 * W + 3, index_t(896)}) {
+        for (float scale : {1e20f, 3e37f, 1e-20f}) {
+            SCOPED_TRACE("d " + std::to_string(d) + ", scale " + std::to_string(scale));
+            tensor2 x(3, d), out(3, d);
+            tensor1 w(d);
+            fill_random(x, distribution::gaussian, 5 + d);
+            fill_random(w, distribution::uniform, 7 + d);
+            for (index_t i = 0; i < x.size(); ++i) x.data()[i] *= scale;
+            attnkit::model::rms_norm(x, w, out, 1e-30f);
+            Eigen::Tensor<double, 2, Eigen::RowMajor> ref(3, d);
+            attnkit::reference::model::rms_norm(x, w, ref, 1e-30);
+            EXPECT_TRUE(all_close(out, ref, 1e-5, 1e-6));
+        }
+    }
+}
+
 TEST(RmsNorm, Rank3StridedAndInPlace) {
     const index_t B = 2, L = 3, d = 37;
     Eigen::Tensor<float, 3, Eigen::RowMajor> x(B, L, d), out(B, L, d);

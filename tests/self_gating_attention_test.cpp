@@ -329,16 +329,6 @@ TEST(SelfGatingThreads, SharedPoolConcurrentAndNestedCalls) {
 
 // ---- decode state --------------------------------------------------------------------------
 
-template <class T>
-tensor4<T> rows(const tensor4<T>& x, index_t from, index_t n) {
-    tensor4<T> r(x.dimension(0), n, x.dimension(2), x.dimension(3));
-    for (index_t b = 0; b < x.dimension(0); ++b)
-        for (index_t i = 0; i < n; ++i)
-            for (index_t h = 0; h < x.dimension(2); ++h)
-                for (index_t d = 0; d < x.dimension(3); ++d) r(b, i, h, d) = x(b, from + i, h, d);
-    return r;
-}
-
 TEST(SelfGatingState, UnevenStepsMatchTheCausalCall) {
     const index_t B = 2, L = 120, H = 4, Hk = 2, D = W + 1, Dv = 3 * W + 2;
     const tensor4<float> q = scaled(random_bshd(B, L, H, D, distribution::gaussian, 30), 8.0f);
@@ -363,8 +353,8 @@ TEST(SelfGatingState, UnevenStepsMatchTheCausalCall) {
             index_t at = 0;
             for (index_t T : {13, 1, 1, 7, 40, 1, 57}) {
                 tensor4<float> o_t = make_bshd<float>(B, T, H, Dv, kNaN);
-                st.step(rows(q, at, T), rows(k, at, T), rows(v, at, T), o_t);
-                EXPECT_TRUE(all_close(o_t, rows(want, at, T), out_tol(q, k, v, o))) << "step at " << at;
+                st.step(sequence_rows(q, at, T), sequence_rows(k, at, T), sequence_rows(v, at, T), o_t);
+                EXPECT_TRUE(all_close(o_t, sequence_rows(want, at, T), out_tol(q, k, v, o))) << "step at " << at;
                 at += T;
             }
             EXPECT_EQ(at, L);
@@ -380,22 +370,29 @@ TEST(SelfGatingState, BadStepThrowsAndChangesNothing) {
     const tensor4<float> v = random_bshd(B, 20, Hk, Dv, distribution::gaussian, 42);
     attnkit::self_gating_state st(B, H, Hk, D, Dv), fresh(B, H, Hk, D, Dv);
     tensor4<float> out = make_bshd<float>(B, 10, H, Dv, 7.0f);
-    st.step(rows(q, 0, 10), rows(k, 0, 10), rows(v, 0, 10), out);
-    fresh.step(rows(q, 0, 10), rows(k, 0, 10), rows(v, 0, 10), out);
+    st.step(sequence_rows(q, 0, 10), sequence_rows(k, 0, 10), sequence_rows(v, 0, 10), out);
+    fresh.step(sequence_rows(q, 0, 10), sequence_rows(k, 0, 10), sequence_rows(v, 0, 10), out);
     tensor4<float> bad_out = make_bshd<float>(B, 1, H, Dv, 7.0f);
-    EXPECT_THROW(st.step(rows(q, 10, 1), random_bshd(B, 1, 2, D, distribution::gaussian, 1), rows(v, 10, 1), bad_out),
+    EXPECT_THROW(
+        st.step(sequence_rows(q, 10, 1), random_bshd(B, 1, 2, D, distribution::gaussian, 1),
+                sequence_rows(v, 10, 1), bad_out),
+        std::invalid_argument);
+    EXPECT_THROW(st.step(random_bshd(B, 1, H, D + 1, distribution::gaussian, 1),
+                         sequence_rows(k, 10, 1), sequence_rows(v, 10, 1), bad_out),
                  std::invalid_argument);
-    EXPECT_THROW(st.step(random_bshd(B, 1, H, D + 1, distribution::gaussian, 1), rows(k, 10, 1), rows(v, 10, 1), bad_out),
-                 std::invalid_argument);
-    EXPECT_THROW(st.step(rows(q, 10, 2), rows(k, 10, 1), rows(v, 10, 1), bad_out), std::invalid_argument);
+    EXPECT_THROW(
+        st.step(sequence_rows(q, 10, 2), sequence_rows(k, 10, 1), sequence_rows(v, 10, 1), bad_out),
+        std::invalid_argument);
     tensor4<float> wrong_out = make_bshd<float>(B, 1, H, Dv + 1, 7.0f);
-    EXPECT_THROW(st.step(rows(q, 10, 1), rows(k, 10, 1), rows(v, 10, 1), wrong_out), std::invalid_argument);
+    EXPECT_THROW(st.step(sequence_rows(q, 10, 1), sequence_rows(k, 10, 1), sequence_rows(v, 10, 1),
+                         wrong_out),
+                 std::invalid_argument);
     EXPECT_TRUE(all_equal_to(bad_out, 7.0f));
     EXPECT_TRUE(all_equal_to(wrong_out, 7.0f));
     EXPECT_EQ(st.length(), 10);
     tensor4<float> a = make_bshd<float>(B, 10, H, Dv), b = make_bshd<float>(B, 10, H, Dv);
-    st.step(rows(q, 10, 10), rows(k, 10, 10), rows(v, 10, 10), a);
-    fresh.step(rows(q, 10, 10), rows(k, 10, 10), rows(v, 10, 10), b);
+    st.step(sequence_rows(q, 10, 10), sequence_rows(k, 10, 10), sequence_rows(v, 10, 10), a);
+    fresh.step(sequence_rows(q, 10, 10), sequence_rows(k, 10, 10), sequence_rows(v, 10, 10), b);
     EXPECT_TRUE(bitwise_equal(a, b));
     EXPECT_THROW(attnkit::self_gating_state(1, 3, 2, 8, 8), std::invalid_argument);
     EXPECT_THROW(attnkit::self_gating_state(1, 2, 1, 0, 8), std::invalid_argument);
@@ -551,15 +548,15 @@ TEST(SelfGatingState, StepWithOutputOverAnInputThrowsAndChangesNothing) {
     tensor4<float> v = random_bshd(B, 2 * T, H, D, distribution::gaussian, 78);
     attnkit::self_gating_state st(B, H, H, D, D), fresh(B, H, H, D, D);
     tensor4<float> o1 = make_bshd<float>(B, T, H, D), o2 = o1;
-    st.step(rows(q, 0, T), rows(k, 0, T), rows(v, 0, T), o1);
-    fresh.step(rows(q, 0, T), rows(k, 0, T), rows(v, 0, T), o2);
-    tensor4<float> vt = rows(v, T, T);
+    st.step(sequence_rows(q, 0, T), sequence_rows(k, 0, T), sequence_rows(v, 0, T), o1);
+    fresh.step(sequence_rows(q, 0, T), sequence_rows(k, 0, T), sequence_rows(v, 0, T), o2);
+    tensor4<float> vt = sequence_rows(v, T, T);
     const tensor4<float> vt0 = vt;
-    EXPECT_THROW(st.step(rows(q, T, T), rows(k, T, T), vt, vt), std::invalid_argument);
+    EXPECT_THROW(st.step(sequence_rows(q, T, T), sequence_rows(k, T, T), vt, vt), std::invalid_argument);
     EXPECT_TRUE(bitwise_equal(vt, vt0));
     EXPECT_EQ(st.length(), T);
-    st.step(rows(q, T, T), rows(k, T, T), vt, o1);
-    fresh.step(rows(q, T, T), rows(k, T, T), vt, o2);
+    st.step(sequence_rows(q, T, T), sequence_rows(k, T, T), vt, o1);
+    fresh.step(sequence_rows(q, T, T), sequence_rows(k, T, T), vt, o2);
     EXPECT_TRUE(bitwise_equal(o1, o2));
 }
 
@@ -637,10 +634,10 @@ TEST(SelfGating, MinusInfGateWeighsZero) {
         if (causal) {
             attnkit::self_gating_state st(1, H, H, D, Dv, o);
             tensor4<float> a = make_bshd<float>(1, 1, H, Dv, kNaN), rest = make_bshd<float>(1, L - 1, H, Dv, kNaN);
-            st.step(rows(q, 0, 1), rows(k, 0, 1), rows(v, 0, 1), a);
-            st.step(rows(q, 1, L - 1), rows(k, 1, L - 1), rows(v, 1, L - 1), rest);
-            EXPECT_TRUE(all_close(a, rows(want, 0, 1), 1e-5, 1e-6));
-            EXPECT_TRUE(all_close(rest, rows(want, 1, L - 1), 1e-5, 1e-6));
+            st.step(sequence_rows(q, 0, 1), sequence_rows(k, 0, 1), sequence_rows(v, 0, 1), a);
+            st.step(sequence_rows(q, 1, L - 1), sequence_rows(k, 1, L - 1), sequence_rows(v, 1, L - 1), rest);
+            EXPECT_TRUE(all_close(a, sequence_rows(want, 0, 1), 1e-5, 1e-6));
+            EXPECT_TRUE(all_close(rest, sequence_rows(want, 1, L - 1), 1e-5, 1e-6));
         }
     }
 }

@@ -32,16 +32,6 @@ using attnkit::taylor_state;
 using namespace attnkit_test;
 namespace ref = attnkit::reference;
 
-// Rows [t0, t0 + T) of a [B, L, H, D] tensor as a dense [B, T, H, D] tensor.
-tensor4<float> slice(const tensor4<float>& x, index_t t0, index_t T) {
-    tensor4<float> y(x.dimension(0), T, x.dimension(2), x.dimension(3));
-    for (index_t b = 0; b < x.dimension(0); ++b)
-        for (index_t t = 0; t < T; ++t)
-            for (index_t h = 0; h < x.dimension(2); ++h)
-                for (index_t d = 0; d < x.dimension(3); ++d) y(b, t, h, d) = x(b, t0 + t, h, d);
-    return y;
-}
-
 // |out - expected| <= 16 eps max|v| mean_j (1 + (1 + scale |q_i|·|k_j|)^2) per row (causal), rows
 // i >= from_row.
 template <class E>
@@ -90,7 +80,7 @@ tensor4<float> run_steps(taylor_state& st, const sequence& s, const std::vector<
     index_t t0 = 0;
     for (index_t T : steps) {
         tensor4<float> o = make_bshd<float>(B, T, H, Dv, 7.0f);
-        st.step(slice(s.q, t0, T), slice(s.k, t0, T), slice(s.v, t0, T), o);
+        st.step(sequence_rows(s.q, t0, T), sequence_rows(s.k, t0, T), sequence_rows(s.v, t0, T), o);
         for (index_t b = 0; b < B; ++b)
             for (index_t t = 0; t < T; ++t)
                 for (index_t h = 0; h < H; ++h)
@@ -209,7 +199,7 @@ tensor4<float> causal_call(const sequence& s, index_t L, attnkit::taylor_form fo
     taylor_options o;
     o.causal = true;
     o.form = form;
-    attnkit::taylor_attention(slice(s.q, 0, L), slice(s.k, 0, L), slice(s.v, 0, L), out, o);
+    attnkit::taylor_attention(sequence_rows(s.q, 0, L), sequence_rows(s.k, 0, L), sequence_rows(s.v, 0, L), out, o);
     return out;
 }
 
@@ -251,8 +241,10 @@ TEST(taylor_state, one_step_prefill_is_the_automatic_form_around_the_crossover) 
         tensor4<double> expected = make_bshd<double>(kB, L, kH, kDv);
         taylor_options o;
         o.causal = true;
-        ref::taylor_attention(slice(s.q, 0, L), slice(s.k, 0, L), slice(s.v, 0, L), expected, o);
-        EXPECT_TRUE(causal_close(out, expected, slice(s.q, 0, L), slice(s.k, 0, L), slice(s.v, 0, L)));
+        ref::taylor_attention(sequence_rows(s.q, 0, L), sequence_rows(s.k, 0, L),
+                              sequence_rows(s.v, 0, L), expected, o);
+        EXPECT_TRUE(causal_close(out, expected, sequence_rows(s.q, 0, L), sequence_rows(s.k, 0, L),
+                                 sequence_rows(s.v, 0, L)));
     }
     // The two forms differ in their bits here, so the comparisons above can tell them apart.
     EXPECT_FALSE(same_bits(causal_call(s, X, attnkit::taylor_form::quadratic),
@@ -286,18 +278,19 @@ TEST(taylor_state, fold_gives_the_linear_forms_bits) {
             for (std::size_t i = 0; i < steps.size(); ++i) {
                 const index_t T = steps[i];
                 tensor4<float> o_step = make_bshd<float>(kB, T, kH, kDv, 7.0f);
-                st.step(slice(s.q, t0, T), slice(s.k, t0, T), slice(s.v, t0, T), o_step);
+                st.step(sequence_rows(s.q, t0, T), sequence_rows(s.k, t0, T), sequence_rows(s.v, t0, T), o_step);
                 const bool linear_step = folded || t0 + T >= X;
                 folded = folded || t0 + T >= Y;
                 EXPECT_EQ(folded ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic, st.form());
                 if (linear_step) {
-                    EXPECT_TRUE(same_bits(o_step, slice(lin, t0, T))) << "step " << i << ", " << threads << " threads";
+                    EXPECT_TRUE(same_bits(o_step, sequence_rows(lin, t0, T)))
+                        << "step " << i << ", " << threads << " threads";
                 } else if (i == 0) {  // a first quadratic step is the quadratic call
                     EXPECT_TRUE(same_bits(o_step, causal_call(s, T, attnkit::taylor_form::quadratic)));
                 } else {  // later quadratic steps: the call's driver splits keys differently
                     const tensor4<float> quad = causal_call(s, t0 + T, attnkit::taylor_form::quadratic);
-                    EXPECT_TRUE(causal_close(with_rows(quad, o_step, t0), quad, slice(s.q, 0, t0 + T),
-                                             slice(s.k, 0, t0 + T), slice(s.v, 0, t0 + T), t0));
+                    EXPECT_TRUE(causal_close(with_rows(quad, o_step, t0), quad, sequence_rows(s.q, 0, t0 + T),
+                                             sequence_rows(s.k, 0, t0 + T), sequence_rows(s.v, 0, t0 + T), t0));
                 }
                 t0 += T;
             }
@@ -326,7 +319,7 @@ TEST(taylor_state, decode_across_the_crossover) {
     for (index_t n = 0; n < L; ++n) {
         EXPECT_EQ(n >= X ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic, st.form()) << n;
         tensor4<float> o = make_bshd<float>(kB, 1, kH, kDv, 7.0f);
-        st.step(slice(s.q, n, 1), slice(s.k, n, 1), slice(s.v, n, 1), o);
+        st.step(sequence_rows(s.q, n, 1), sequence_rows(s.k, n, 1), sequence_rows(s.v, n, 1), o);
         out = with_rows(std::move(out), o, n);
         const bool linear = n + 1 >= X;
         ASSERT_EQ(linear ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic, st.form()) << n;
@@ -345,8 +338,9 @@ TEST(taylor_state, decode_across_the_crossover) {
                 SCOPED_TRACE(::testing::Message() << "decode at " << n);
                 const tensor4<float> pre =
                     causal_call(s, n + 1, n >= X ? attnkit::taylor_form::linear : attnkit::taylor_form::quadratic);
-                EXPECT_TRUE(causal_close(with_rows(pre, o, n), pre, slice(s.q, 0, n + 1), slice(s.k, 0, n + 1),
-                                         slice(s.v, 0, n + 1), n));
+                EXPECT_TRUE(causal_close(with_rows(pre, o, n), pre, sequence_rows(s.q, 0, n + 1),
+                                         sequence_rows(s.k, 0, n + 1), sequence_rows(s.v, 0, n + 1),
+                                         n));
             }
     }
     EXPECT_EQ(2, growths);  // amortised: 64, then 128, folded at 82
@@ -414,7 +408,7 @@ TEST(taylor_state, bad_steps_change_nothing) {
     taylor_state st(2, 4, 2, 8, 6, fo), fresh(2, 4, 2, 8, 6, fo);
     run_steps(st, s, {10});
     run_steps(fresh, s, {10});
-    const auto q = slice(s.q, 10, 3), k = slice(s.k, 10, 3), v = slice(s.v, 10, 3);
+    const auto q = sequence_rows(s.q, 10, 3), k = sequence_rows(s.k, 10, 3), v = sequence_rows(s.v, 10, 3);
     tensor4<float> out = make_bshd<float>(2, 3, 4, 6, 7.0f);
     const auto q_b = random_bshd<float>(1, 3, 4, 8, distribution::uniform, 1);   // B
     const auto q_h = random_bshd<float>(2, 3, 2, 8, distribution::uniform, 1);   // H
@@ -430,7 +424,7 @@ TEST(taylor_state, bad_steps_change_nothing) {
     expect_invalid([&] { st.step(q, k_d, v, out); }, "k: expected shape");
     expect_invalid([&] { st.step(q, k, v_dv, out_dv); }, "v: expected shape");
     expect_invalid([&] { st.step(q, k_t, v, out); }, "k: expected shape");
-    expect_invalid([&] { st.step(q_0, slice(s.k, 0, 0), slice(s.v, 0, 0), out); }, "T >= 1");
+    expect_invalid([&] { st.step(q_0, sequence_rows(s.k, 0, 0), sequence_rows(s.v, 0, 0), out); }, "T >= 1");
     expect_invalid([&] { st.step(q, k, v, out_dv); }, "out: expected shape");
     tensor4<float> kk = k;  // out overlapping k
     expect_invalid([&] { st.step(q, kk, v, attnkit::view<float, 4>(kk.data(), {2, 3, 4, 6})); }, "out");

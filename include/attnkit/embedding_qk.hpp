@@ -28,6 +28,7 @@
 #include "attnkit/detail/embedding_qk/check.hpp"
 #include "attnkit/detail/gemm.hpp"
 #include "attnkit/detail/memory_overlap.hpp"
+#include "attnkit/detail/row_segments.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "attnkit/view.hpp"
@@ -46,18 +47,12 @@ inline void embedding_qk_projection_impl(const view<const float, 3>& e, const vi
                                          thread_pool* pool) {
     const embedding_qk_shape s = check_embedding_projection(e, w, qk, layout);
     const matrix_ref<const float> wm{w.data, s.d_model, s.width, w.strides[0]};
-    auto project = [&](const float* erows, index_t rows, index_t estride, float* qrows, index_t qstride) {
+    if (s.batch == 0 || s.len == 0) return;
+    // One GEMM per segment of uniform row stride (detail/row_segments.hpp).
+    for_row_segments(e, qk, [&](const float* erows, float* qrows, index_t rows, index_t estride, index_t qstride) {
         gemm_blocks({erows, rows, s.d_model, estride}, wm, {qrows, rows, s.width, qstride}, pool,
                     kEmbeddingBlockRows, kEmbeddingBlockCols);
-    };
-    if (s.batch == 0 || s.len == 0) return;
-    if (s.len == 1)
-        project(e.data, s.batch, e.strides[0], qk.data, qk.strides[0]);
-    else if (s.batch == 1 || (e.strides[0] == s.len * e.strides[1] && qk.strides[0] == s.len * qk.strides[1]))
-        project(e.data, s.batch * s.len, e.strides[1], qk.data, qk.strides[1]);  // one [B*L, d] matrix
-    else
-        for (index_t b = 0; b < s.batch; ++b)
-            project(e.data + b * e.strides[0], s.len, e.strides[1], qk.data + b * qk.strides[0], qk.strides[1]);
+    });
 }
 
 // Layer l's Q (k_part = false) or K (k_part = true) as [B, L, heads, D] inside qk.

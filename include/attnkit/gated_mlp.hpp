@@ -28,6 +28,7 @@
 #include "attnkit/detail/gated_mlp/check.hpp"
 #include "attnkit/detail/gated_mlp/silu.hpp"
 #include "attnkit/detail/gemm.hpp"
+#include "attnkit/detail/row_segments.hpp"
 #include "attnkit/detail/scratch.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/simd/simd.hpp"
@@ -85,23 +86,12 @@ void gated_mlp_impl(const view<const float, R>& x, const view<const float, 2>& w
     const gated_mlp_shape s = check_gated_mlp<R>(x, w_gate, w_up, w_down, out);
     if (s.rows == 0 || s.d_model == 0) return;
 
-    // The rows as segments of uniform stride: rank 3 folds into one [B*L, d] matrix when both
-    // x and out are dense over (B, L), else one segment per batch item.
+    // The rows as segments of uniform stride (detail/row_segments.hpp).
     std::vector<mlp_segment> segs;
     const index_t d = s.d_model;
-    if constexpr (R == 2) {
-        segs.push_back({{x.data, s.rows, d, x.strides[0]}, {out.data, s.rows, d, out.strides[0]}});
-    } else {
-        const index_t B = x.dims[0], L = x.dims[1];
-        if (L == 1)
-            segs.push_back({{x.data, B, d, x.strides[0]}, {out.data, B, d, out.strides[0]}});
-        else if (B == 1 || (x.strides[0] == L * x.strides[1] && out.strides[0] == L * out.strides[1]))
-            segs.push_back({{x.data, B * L, d, x.strides[1]}, {out.data, B * L, d, out.strides[1]}});
-        else
-            for (index_t b = 0; b < B; ++b)
-                segs.push_back({{x.data + b * x.strides[0], L, d, x.strides[1]},
-                                {out.data + b * out.strides[0], L, d, out.strides[1]}});
-    }
+    for_row_segments(x, out, [&](const float* xr, float* yr, index_t rows, index_t xs, index_t ys) {
+        segs.push_back({{xr, rows, d, xs}, {yr, rows, d, ys}});
+    });
 
     if (s.width == 0) {  // an empty hidden layer: the product is exactly zero
         for (const mlp_segment& g : segs)

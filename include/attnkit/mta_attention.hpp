@@ -46,9 +46,8 @@ void mta_attention(const Q& q, const K& k, const V& v, O&& out, const mta_option
     const auto kv = detail::k_view(k);
     const auto vv = detail::v_view(v);
     const auto ov = detail::out_view(std::forward<O>(out));
-    constexpr bool kFloat = detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>;
-    static_assert(kFloat, "attnkit::mta_attention: float storage");
-    if constexpr (kFloat) detail::mta::forward<simd::default_arch>(qv, kv, vv, ov, opts);  // else: that error alone
+    ATTNKIT_IF_FLOAT("attnkit::mta_attention: float storage", qv, kv, vv, ov)
+        detail::mta::forward<simd::default_arch>(qv, kv, vv, ov, opts);
 }
 
 // The block-diagonal [H, H] head_post matrix of a grouped head convolution kernel

@@ -81,29 +81,15 @@ class mta_state {
         const auto kv = detail::k_view(k);
         const auto vv = detail::v_view(v);
         const auto ov = detail::out_view(std::forward<O>(out));
-        constexpr bool kFloat = detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>;
-        static_assert(kFloat, "attnkit::mta_state::step: float storage, as mta_attention");
-        if constexpr (kFloat) run(qv, kv, vv, ov);  // else: that error alone
+        ATTNKIT_IF_FLOAT("attnkit::mta_state::step: float storage, as mta_attention", qv, kv, vv, ov)
+            run(qv, kv, vv, ov);
     }
 
    private:
     template <class QV, class KV, class VV, class OV>
     void run(const QV& qv, const KV& kv, const VV& vv, const OV& ov) {
-        const detail::attention_shape a = detail::check_qkv(qv, kv, vv);
-        detail::check_out("out", ov, a);
         // out = q (the same view) is safe here: a token's query is copied before its output is written.
-        detail::check_attention_memory(qv, kv, vv, ov, static_cast<const view<float, 3>*>(nullptr));
-        const index_t T = a.len_q;
-        if (a.len_k != T)
-            detail::fail("mta_state::step: q and k must hold the same T new tokens, got q " + shape_string(qv) +
-                         ", k " + shape_string(kv));
-        if (a.batch != s_.batch || a.heads != s_.heads || a.heads_k != s_.heads_k || a.dim != s_.dim ||
-            a.dim_v != s_.dim_v)
-            detail::fail("mta_state::step: expected q [" + std::to_string(s_.batch) + ", T, " +
-                         std::to_string(s_.heads) + ", " + std::to_string(s_.dim) + "], k [B, T, " +
-                         std::to_string(s_.heads_k) + ", " + std::to_string(s_.dim) + "], v [B, T, " +
-                         std::to_string(s_.heads_k) + ", " + std::to_string(s_.dim_v) + "] as constructed, got q " +
-                         shape_string(qv) + ", k " + shape_string(kv) + ", v " + shape_string(vv));
+        const index_t T = detail::check_state_step("mta_state", qv, kv, vv, ov, s_, 0).len_q;
         // A prompt on an empty state: the fused kernel computes its outputs (it needs out apart
         // from q), and only the rows the rings keep are built here, the last c_q,pre + c_q,post - 2.
         if (len_ == 0 && T > 1 && !detail::regions_overlap(detail::region_of("out", ov), detail::region_of("q", qv))) {

@@ -76,10 +76,7 @@ problem make_problem(const view<const float, 4>& q, const view<const float, 4>& 
 template <class A, class TQ, class TK, class TV, class TO>
 void attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
                     const view<TO, 4>& out, const self_gating_options& opts) {
-    constexpr bool kFloat = std::is_same<TQ, float>::value && std::is_same<TK, float>::value &&
-                            std::is_same<TV, float>::value && std::is_same<TO, float>::value;
-    static_assert(kFloat, "attnkit::self_gating_attention: float storage (q, k, v and out float tensors)");
-    if constexpr (kFloat) {
+    ATTNKIT_IF_FLOAT("attnkit::self_gating_attention: float storage (q, k, v and out float tensors)", q, k, v, out) {
         const attention_shape s = check_call(q, k, v, out, opts);
         const problem p = make_problem<A>(q, k, v, out, s, opts.scale, opts.causal, opts.key_lengths, 0);
         run<A>(p, opts.pool, nullptr, nullptr);
@@ -125,11 +122,9 @@ class self_gating_state {
         const auto kv = detail::k_view(k);
         const auto vv = detail::v_view(v);
         const auto ov = detail::out_view(out);
-        constexpr bool kFloat = detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>;
-        static_assert(kFloat, "attnkit::self_gating_state: float storage (q, k, v and out float tensors)");
-        if constexpr (kFloat) {  // nothing else instantiated for a wrong type: one error
-            const detail::attention_shape s =
-                detail::self_gating::check_step(qv, kv, vv, ov, batch_, heads_, heads_kv_, dim_, dim_v_);
+        ATTNKIT_IF_FLOAT("attnkit::self_gating_state: float storage (q, k, v and out float tensors)", qv, kv, vv, ov) {
+            const detail::attention_shape s = detail::check_state_step(
+                "self_gating_state", qv, kv, vv, ov, {batch_, 0, 0, heads_, heads_kv_, dim_, dim_v_}, 1);
             const detail::self_gating::problem p =
                 detail::self_gating::make_problem<A>(qv, kv, vv, ov, s, opts_.scale, true, opts_.key_lengths, length_);
             const detail::self_gating::state_arrays st{m_.data(), z_.data(), n_.data()};

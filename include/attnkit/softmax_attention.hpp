@@ -32,10 +32,7 @@ template <class A, class TQ, class TK, class TV>
 void softmax_attention_run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
                            const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
     const attention_shape s = check_qkv(q, k, v);
-    // Mask bounds are compared to key indices in float lanes, exact below 2^24.
-    if (s.len_k >= (index_t(1) << 24))
-        fail("k: at most 2^24 - 1 keys per call (split longer caches and merge_partials), got Lk = " +
-             std::to_string(s.len_k) + " in " + shape_string(k));
+    check_max_keys("k", s.len_k, "keys per call (split longer caches and merge_partials)", "Lk", k);
     check_out("out", out, s);
     if (lse) check_lse("lse", *lse, s);
     check_options(opts, s);
@@ -114,7 +111,10 @@ inline void merge_partials_run(const view<const float, 4>& oa, const view<const 
 
 // Exact merge of two attention results over disjoint key sets (split-KV decode, ring attention):
 // lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b, with
-// weights that sum to 1 at any lse (detail/lse_merge.hpp). All float; lse views take any strides.
+// weights that sum to 1 at any lse (detail/lse_merge.hpp). A side with lse = -inf (no visible
+// key) contributes nothing, both at -inf give out = 0 and lse = -inf; a side at +inf outweighs a
+// finite one, and both at +inf give the mean of out_a and out_b with lse = +inf; NaN in an lse
+// gives NaN. All float; lse views take any strides.
 // out may be the very same view as out_a or out_b, and lse as lse_a or lse_b (in place); any
 // other sharing of memory between an output and an argument is rejected.
 template <class OA, class LA, class OB, class LB, class O, class L>
@@ -125,10 +125,8 @@ void merge_partials(const OA& out_a, const LA& lse_a, const OB& out_b, const LB&
     const auto lb = detail::input_view<3>("lse_b", lse_b, "[B, Lq, H]");
     const auto o = detail::out_view(out);
     const auto l = detail::lse_view(lse);
-    constexpr bool kFloat =
-        detail::kFloatViews<decltype(oa), decltype(la), decltype(ob), decltype(lb), decltype(o), decltype(l)>;
-    static_assert(kFloat, "attnkit::merge_partials: every argument must be a float tensor");
-    if constexpr (kFloat) detail::merge_partials_run(oa, la, ob, lb, o, l);  // else: that error alone
+    ATTNKIT_IF_FLOAT("attnkit::merge_partials: every argument must be a float tensor", oa, la, ob, lb, o, l)
+        detail::merge_partials_run(oa, la, ob, lb, o, l);
 }
 
 }  // namespace attnkit

@@ -50,9 +50,7 @@ void forward(const view<const float, 4>& qf, const view<const float, 4>& kf, con
     const values_shape s = check_values(v, out, st.max_len, st.heads, st.heads_k, false);
     check_options(opts);
     check_apart(qf, kf, v, out);
-    // The engine compares mask bounds to key indices in float lanes, exact below 2^24.
-    if (s.len >= (index_t(1) << 24))
-        fail("v: at most 2^24 - 1 positions per call, got L = " + str(s.len) + " in " + shape_string(v));
+    check_max_keys("v", s.len, "positions per call", "L", v);
     if (s.batch == 0 || s.len == 0) return;
 
     const index_t L = s.len, Dv = s.dim_v;
@@ -90,9 +88,8 @@ void static_qk_attention(const QF& q_fixed, const KF& k_fixed, const V& v, O&& o
     const auto kv = sq::k_fixed_view(k_fixed);
     const auto vv = sq::v_view(v);
     const auto ov = sq::out_view(std::forward<O>(out));
-    constexpr bool kFloat = detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>;
-    static_assert(kFloat, "attnkit::static_qk_attention: float storage");
-    if constexpr (kFloat) sq::forward<simd::default_arch>(qv, kv, vv, ov, opts);  // else: that error alone
+    ATTNKIT_IF_FLOAT("attnkit::static_qk_attention: float storage", qv, kv, vv, ov)
+        sq::forward<simd::default_arch>(qv, kv, vv, ov, opts);
 }
 
 }  // namespace attnkit

@@ -79,9 +79,7 @@ template <class A>
 void attention_run(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
                    const view<float, 4>& out, const taylor_options& opts) {
     const attention_shape s = check_call(q, k, v, out, opts);
-    // Mask bounds are compared to key indices in float lanes, exact below 2^24 (as softmax).
-    if (s.len_k > kMaxQuadraticKeys)
-        fail("k: at most 2^24 - 1 keys per call, got Lk = " + std::to_string(s.len_k) + " in " + shape_string(k));
+    check_max_keys("k", s.len_k, "keys per call", "Lk", k);
     // out may not overlap k, v or itself; it may be q itself (each work item packs its queries
     // before it writes any of its rows, in both forms).
     check_attention_memory(q, k, v, out, static_cast<const view<float, 3>*>(nullptr));
@@ -97,10 +95,8 @@ void attention_run(const view<const float, 4>& q, const view<const float, 4>& k,
 template <class A, class TQ, class TK, class TV, class TO>
 void attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
                     const view<TO, 4>& out, const taylor_options& opts) {
-    constexpr bool kFloat = std::is_same<TQ, float>::value && std::is_same<TK, float>::value &&
-                            std::is_same<TV, float>::value && std::is_same<TO, float>::value;
-    static_assert(kFloat, "attnkit::taylor_attention: q, k and v must be float tensors (out float)");
-    if constexpr (kFloat) attention_run<A>(q, k, v, out, opts);
+    ATTNKIT_IF_FLOAT("attnkit::taylor_attention: q, k and v must be float tensors (out float)", q, k, v, out)
+        attention_run<A>(q, k, v, out, opts);
 }
 
 }  // namespace taylor

@@ -14,6 +14,9 @@
 //   to_double(x)                           a double copy (Tensor<double, N, RowMajor>) of x
 //   max_abs(x)                             max |element| (NaN ignored; 0 for an empty tensor)
 //   outputs_for<T>(q, v, fill)             out [B, Lq, H, Dv] and lse [B, Lq, H] for q and v
+//   sequence_view(x, t0, n)                positions [t0, t0 + n) of a [B, L, H, D] tensor as a
+//                                          view into it (no copy: x's strides)
+//   sequence_rows(x, t0, n)                the same positions as a dense tensor of their own
 #pragma once
 
 #include <array>
@@ -97,6 +100,27 @@ void for_each_index(const std::array<index_t, N>& dims, F&& f) {
         while (d >= 0 && ++idx[d] == dims[d]) idx[d--] = 0;
         if (d < 0) return;
     }
+}
+
+// Positions [t0, t0 + n) of a [B, L, H, D] tensor: a key range to merge, the tokens of one
+// decode step. sequence_view aliases x; sequence_rows copies into a dense tensor (an output, or
+// an argument a step may overwrite in place).
+template <class T>
+attnkit::view<const T, 4> sequence_view(const Eigen::Tensor<T, 4, Eigen::RowMajor>& x, index_t t0, index_t n) {
+    const index_t L = x.dimension(1), H = x.dimension(2), D = x.dimension(3);
+    return attnkit::view<const T, 4>(x.data() + t0 * H * D, {x.dimension(0), n, H, D}, {L * H * D, H * D, D, 1});
+}
+
+template <class T>
+Eigen::Tensor<T, 4, Eigen::RowMajor> sequence_rows(const Eigen::Tensor<T, 4, Eigen::RowMajor>& x, index_t t0,
+                                                   index_t n) {
+    const attnkit::view<const T, 4> s = sequence_view(x, t0, n);
+    Eigen::Tensor<T, 4, Eigen::RowMajor> y(s.dims[0], n, s.dims[2], s.dims[3]);
+    for (index_t b = 0; b < s.dims[0]; ++b)
+        for (index_t t = 0; t < n; ++t)
+            for (index_t h = 0; h < s.dims[2]; ++h)
+                for (index_t d = 0; d < s.dims[3]; ++d) y(b, t, h, d) = *s.ptr(b, t, h, d);
+    return y;
 }
 
 // A [B, H, L, D] row-major buffer seen as BSHD: dims [B, L, H, D], strides permuted.

@@ -18,6 +18,7 @@
 #endif
 #endif
 
+#include "attnkit/detail/limits.hpp"
 #include "attnkit/detail/memory_overlap.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/view.hpp"
@@ -46,13 +47,6 @@ std::string number(X x) {
 template <class X, std::enable_if_t<std::is_integral<X>::value, int> = 0>
 std::string number(X x) {
     return std::to_string(x);
-}
-
-// a * b for sizes and offsets >= 0, false when it does not fit in int64.
-inline bool mul_fits(index_t a, index_t b, index_t& r) {
-    if (a != 0 && b > std::numeric_limits<index_t>::max() / a) return false;
-    r = a * b;
-    return true;
 }
 
 // Dims >= 0, element count and every element's byte offset representable in int64, data
@@ -208,10 +202,20 @@ inline void check_options(const softmax_options& o, const attention_shape& s) {
     }
 }
 
+// n <= kMaxKeys (detail/limits.hpp), else "<name>: at most 2^24 - 1 <what>, got <length_name> = n in <shape of x>".
+template <class T, int N>
+void check_max_keys(const char* name, index_t n, const char* what, const char* length_name, const view<T, N>& x) {
+    if (n > kMaxKeys)
+        fail(std::string(name) + ": at most 2^24 - 1 " + what + ", got " + length_name + " = " + number(n) + " in " +
+             shape_string(x));
+}
+
 // The fixed sizes of a decode state (taylor_state, self_gating_state, mta_state), checked at
-// construction: batch >= 0, heads, heads_kv, dim, dim_v >= 1 and heads a multiple of heads_kv.
-// `state` names the class in the messages. Returns the sizes as text ("batch 1, heads 4, ...")
-// for the caller's own further checks.
+// construction: batch >= 0, heads, heads_kv, dim, dim_v >= 1, heads a multiple of heads_kv, and
+// B * H * (D + Dv + 64) floats countable in int64 bytes (every state holds at least a few rows of
+// that size per batch item and head, vector-padded by up to 64 floats; without the bound a huge
+// batch wraps the products that size its buffers). `state` names the class in the messages.
+// Returns the sizes as text ("batch 1, heads 4, ...") for the caller's own further checks.
 inline std::string check_state_sizes(const char* state, index_t batch, index_t heads, index_t heads_kv, index_t dim,
                                      index_t dim_v) {
     const std::string got = "batch " + number(batch) + ", heads " + number(heads) + ", heads_kv " + number(heads_kv) +
@@ -219,7 +223,37 @@ inline std::string check_state_sizes(const char* state, index_t batch, index_t h
     if (batch < 0 || heads < 1 || heads_kv < 1 || dim < 1 || dim_v < 1)
         fail(std::string(state) + ": expected batch >= 0 and heads, heads_kv, dim, dim_v >= 1, got " + got);
     if (heads % heads_kv != 0) fail(std::string(state) + ": heads must be a multiple of heads_kv, got " + got);
+    constexpr index_t kMax = std::numeric_limits<index_t>::max();
+    index_t bh = 0, elems = 0, bytes = 0;
+    if (!mul_fits(batch, heads, bh) || dim > kMax / 4 || dim_v > kMax / 4 || !mul_fits(bh, dim + dim_v + 64, elems) ||
+        !mul_fits(elems, index_t(sizeof(float)), bytes))
+        fail(std::string(state) + ": batch * heads * (dim + dim_v) overflows int64 bytes, got " + got);
     return got;
+}
+
+// One step of a decode state built with the sizes in `sizes` (len_q and len_k unused):
+// q [B, T, H, D], k [B, T, Hk, D], v [B, T, Hk, Dv], out [B, T, H, Dv] with T >= min_tokens, and
+// out apart from k, v and itself; out may be q itself, the same view (each state reads a token's
+// query before it writes that token's output). `state` names the class in the messages. Returns
+// the step's shape, Lq = Lk = T.
+template <class TQ, class TK, class TV, class TO>
+attention_shape check_state_step(const char* state, const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v,
+                                 const view<TO, 4>& out, const attention_shape& sizes, index_t min_tokens) {
+    check_layout("q", q);
+    check_layout("k", k);
+    check_layout("v", v);
+    check_layout("out", out);
+    const index_t T = q.dims[1];
+    if (T < min_tokens)
+        fail("q: a " + std::string(state) + " step appends T >= " + number(min_tokens) + " tokens, got q " +
+             shape_string(q));
+    const std::string of = std::string(" of the ") + state;
+    check_shape("q", q, {sizes.batch, T, sizes.heads, sizes.dim}, ("[B, T, H, D]" + of).c_str());
+    check_shape("k", k, {sizes.batch, T, sizes.heads_k, sizes.dim}, ("[B, T, Hk, D]" + of).c_str());
+    check_shape("v", v, {sizes.batch, T, sizes.heads_k, sizes.dim_v}, ("[B, T, Hk, Dv]" + of).c_str());
+    check_shape("out", out, {sizes.batch, T, sizes.heads, sizes.dim_v}, ("[B, T, H, Dv]" + of).c_str());
+    check_attention_memory(q, k, v, out, static_cast<const view<float, 3>*>(nullptr));
+    return attention_shape{sizes.batch, T, T, sizes.heads, sizes.heads_k, sizes.dim, sizes.dim_v};
 }
 
 // A decode state holds exactly the tokens appended to it and each new query sees all of them, so
@@ -231,11 +265,27 @@ inline void check_state_key_lengths(const char* state, const std::vector<std::in
              "each new query sees all of them), got " + number(key_lengths.size()) + " lengths");
 }
 
-// True when every view holds float elements. The float-only entry points static_assert it and
-// call their kernel under `if constexpr` on it, so that a wrong element type gives that one
-// message and no errors from inside the kernel after it.
+// True when every view holds float elements.
 template <class... Views>
 constexpr bool kFloatViews = (std::is_same<typename std::decay_t<Views>::value_type, float>::value && ...);
+
+// kFloatViews of the arguments' types, for decltype only (never defined): lets a macro take the
+// views themselves rather than their decltypes.
+template <class... Views>
+std::integral_constant<bool, kFloatViews<Views...>> float_views(const Views&...);
+
+// The guard of every float-only entry point:
+//
+//   ATTNKIT_IF_FLOAT("attnkit::mta_attention: float storage", qv, kv, vv, ov)
+//       detail::mta::forward<A>(qv, kv, vv, ov, opts);
+//
+// static_asserts that every view holds float elements, with the entry point's own message, and
+// runs the statement that follows only then (if constexpr; an `else` may follow), so that a wrong
+// element type gives that one error and none from inside the kernel. A macro because a
+// static_assert message must be a string literal written where it fires.
+#define ATTNKIT_IF_FLOAT(message, ...)                                                      \
+    static_assert(decltype(::attnkit::detail::float_views(__VA_ARGS__))::value, message); \
+    if constexpr (decltype(::attnkit::detail::float_views(__VA_ARGS__))::value)
 
 // The optional lse argument of an entry point is anything that is not its options struct, so
 // that a wrong lse type (an Eigen expression, a weights tensor) reaches lse_view's static_assert

@@ -29,7 +29,10 @@ inline float row_lse(float m, float l) {
 }
 
 // Folds a partial result (o_b normalised over its keys, lse_b) into (o_a, lse_a). A side with
-// lse = -inf contributes nothing; NaN in either lse gives NaN. o_b may be null for a side whose
+// lse = -inf contributes nothing; NaN in either lse gives NaN. A side with lse = +inf (scores
+// past the float range) outweighs any finite one, and two sides at +inf count as a tie: equal
+// weights 1/2 (the mean of the two outputs) and lse = +inf, as the limit of two equal large lse
+// would give, where lse_b - lse_a itself would be NaN. o_b may be null for a side whose
 // value is zero (an attention sink: a virtual key that only enters the denominator). The result
 // does not depend on which side is a and which is b.
 inline void merge_row(float* o_a, float& lse_a, const float* o_b, float lse_b, index_t dim_v) {
@@ -40,8 +43,9 @@ inline void merge_row(float* o_a, float& lse_a, const float* o_b, float lse_b, i
         lse_a = lse_b;
         return;
     }
-    // d is NaN if either lse is NaN (or both are +inf); e and both weights are then NaN too.
-    const float d = lse_b - lse_a;
+    // d is NaN if either lse is NaN; e and both weights are then NaN too. Equal lse (both +inf
+    // included) are a tie, d = 0.
+    const float d = lse_a == lse_b ? 0.0f : lse_b - lse_a;
     const float e = std::exp(-std::fabs(d));
     const float w_small = e / (1.0f + e), w_large = 1.0f - w_small;
     // On a tie (d = 0) both weights are exactly 1/2, so swapping a and b changes nothing.

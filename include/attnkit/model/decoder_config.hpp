@@ -5,12 +5,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "attnkit/config.hpp"
+#include "attnkit/detail/limits.hpp"
 #include "attnkit/thread_pool.hpp"
 
 namespace attnkit {
@@ -87,6 +89,35 @@ inline void check_decoder_config(const decoder_config& c) {
     if (c.head_dim() % 2 != 0)
         bad("head dim d_model / heads = " + std::to_string(c.head_dim()) + " must be even (rotate-half RoPE)");
     if (c.ffn < 0) bad("ffn must be >= 0 (0: default width), got " + std::to_string(c.ffn));
+    bool known = false;
+    for (const auto& n : attention_variant_names()) known = known || n.second == c.variant;
+    if (!known) bad("variant: not an attention_variant, got the value " + std::to_string(static_cast<int>(c.variant)));
+    // Every position of the longest sequence is a key of one attention call over the cache.
+    if (c.max_length > attnkit::detail::kMaxKeys)
+        bad("max_length must be <= 2^24 - 1 (the most keys one attention call takes), got " +
+            std::to_string(c.max_length));
+    // The weights and caches as float tensors: each size in bytes must be a number (a wrapped
+    // product would size a tensor wrongly and write past it).
+    auto fits = [&](const char* what, index_t a, index_t b) {
+        index_t n = 0, bytes = 0;
+        if (!attnkit::detail::mul_fits(a, b, n) || !attnkit::detail::mul_fits(n, index_t(sizeof(float)), bytes))
+            bad(std::string(what) + " = " + std::to_string(a) + " * " + std::to_string(b) +
+                " floats overflows int64 bytes");
+    };
+    if (c.d_model > std::numeric_limits<index_t>::max() / 8)
+        bad("d_model is too large, got " + std::to_string(c.d_model));
+    fits("vocab * d_model (the embedding)", c.vocab, c.d_model);
+    fits("d_model * d_model (the attention projections)", c.d_model, c.d_model);
+    fits("d_model * ffn (the feed-forward weights)", c.d_model, c.ffn_width());
+    fits("max_length * d_model (the caches and the fixed stream)", c.max_length, c.d_model);
+    if (c.variant == attention_variant::embedding_qk) {  // one [d_model, layers * (H + Hk) D] matrix
+        index_t width = 0;
+        if (!attnkit::detail::mul_fits(c.layers, 2 * c.d_model, width))
+            bad("layers * 2 d_model overflows int64, got layers = " + std::to_string(c.layers));
+        fits("d_model * layers * (heads + heads_kv) * head dim (the embedding_qk weights)", c.d_model, width);
+    }
+    if (c.variant == attention_variant::rnd_emb_qk || c.variant == attention_variant::fixed_seq_qk)
+        fits("heads * max_length^2 (the static attention maps)", c.heads, c.max_length * c.max_length);
     if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps)) bad("norm_eps must be finite and > 0");
     if (!(c.rope_theta > 1.0f) || !std::isfinite(c.rope_theta)) bad("rope_theta must be finite and > 1");
     for (std::int32_t t : c.fixed_sequence)

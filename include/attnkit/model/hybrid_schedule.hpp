@@ -36,9 +36,13 @@ inline const std::vector<std::string>& hybrid_schedule_names() {
     return names;
 }
 
+constexpr index_t kMaxScheduleLayers = index_t(1) << 24;
+
 inline std::vector<bool> hybrid_schedule(const std::string& name, index_t n_layers) {
-    if (n_layers < 1)
-        throw std::invalid_argument("attnkit::model::hybrid_schedule: n_layers must be >= 1, got " +
+    // The schedule is one flag per layer: a count beyond 2^24 is no model's depth and would only
+    // allocate (or overflow the vector's size) for nothing.
+    if (n_layers < 1 || n_layers > kMaxScheduleLayers)
+        throw std::invalid_argument("attnkit::model::hybrid_schedule: n_layers must be in [1, 2^24], got " +
                                     std::to_string(n_layers));
     const index_t n = n_layers;
     std::vector<bool> keep(static_cast<std::size_t>(n), false);

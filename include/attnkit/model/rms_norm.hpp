@@ -5,7 +5,9 @@
 //   attnkit::model::rms_norm(x, weight, out, eps[, pool]);
 //   x and out [N, d] or [B, L, d] (same shape; out may be x itself: the row is read before it
 //   is written; any other overlap is rejected), weight [d], eps > 0 and finite. The sum of squares runs in float over
-//   SIMD lanes and then in double across lanes, so a row of 10^4 values keeps float accuracy.
+//   SIMD lanes and then in double across lanes, so a row of 10^4 values keeps float accuracy; a
+//   row whose float sum overflows (|x| above ~1e19) is summed in double, so any finite scale
+//   normalises as the oracle does.
 #pragma once
 
 #include <algorithm>
@@ -36,6 +38,13 @@ void rms_norm_row(const float* x, const float* w, float* out, index_t d, float e
     }
     double ss = static_cast<double>(simd::hsum(a0)) + static_cast<double>(simd::hsum(a1));
     for (; c < d; ++c) ss += static_cast<double>(x[c]) * x[c];
+    // Squares past FLT_MAX (|x| above ~1.8e19) make a float lane inf, and the row would come out
+    // 0: such a row (rare; also any row holding inf or NaN) is summed again in double, whose
+    // range holds the square of every float. The common row pays one test.
+    if (ATTNKIT_UNLIKELY(!std::isfinite(ss))) {
+        ss = 0.0;
+        for (c = 0; c < d; ++c) ss += static_cast<double>(x[c]) * x[c];
+    }
     const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
     const V iv(inv);
     c = 0;

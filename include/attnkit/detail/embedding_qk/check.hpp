@@ -24,10 +24,12 @@ inline index_t check_embedding_layout(const embedding_qk_layout& l) {
         fail("layout: layers, heads, heads_kv and dim must all be >= 1, got " + layout_string(l));
     if (l.heads % l.heads_kv != 0)
         fail("layout: heads must be a multiple of heads_kv (GQA), got " + layout_string(l));
-    const index_t limit = index_t(1) << 40;  // keeps every product below 2^62
-    if (l.layers > limit / l.dim || l.heads + l.heads_kv > limit / (l.layers * l.dim))
+    const index_t limit = index_t(1) << 40;  // keeps every product of the width below 2^62
+    index_t per_layer = 0, width = 0;
+    if (l.heads > limit || l.heads_kv > limit || !mul_fits(l.heads + l.heads_kv, l.dim, per_layer) ||
+        !mul_fits(per_layer, l.layers, width) || width > limit)
         fail("layout: layers * (heads + heads_kv) * dim is too large, got " + layout_string(l));
-    return l.layers * (l.heads + l.heads_kv) * l.dim;
+    return width;
 }
 
 struct embedding_qk_shape {

@@ -63,16 +63,14 @@ auto gated_mlp_arguments(const X& x, const WG& w_gate, const WU& w_up, const WD&
     constexpr int R = traits::kRank;
     static_assert(R == 2 || R == 3, "attnkit::gated_mlp: x must be rank 2 [N, d_model] or rank 3 [B, L, d_model]");
     static_assert(tensor_traits<std::decay_t<O>>::kRank == R, "attnkit::gated_mlp: out must have the rank of x");
-    constexpr bool kFloat = std::is_same<scalar_of<X>, float>::value && std::is_same<scalar_of<WG>, float>::value &&
-                            std::is_same<scalar_of<WU>, float>::value && std::is_same<scalar_of<WD>, float>::value &&
-                            std::is_same<scalar_of<O>, float>::value;
-    static_assert(kFloat, "attnkit::gated_mlp: float tensors");
-    if constexpr (kFloat) {
-        const char* layout = gated_mlp_layout(R);
-        return gated_mlp_views<R>{input_view<R>("x", x, layout), input_view<2>("w_gate", w_gate, "[d_model, m]"),
-                                  input_view<2>("w_up", w_up, "[d_model, m]"),
-                                  input_view<2>("w_down", w_down, "[m, d_model]"),
-                                  output_view<R>("out", std::forward<O>(out), layout)};
+    const char* layout = gated_mlp_layout(R);
+    const auto xv = input_view<R>("x", x, layout);
+    const auto wg = input_view<2>("w_gate", w_gate, "[d_model, m]");
+    const auto wu = input_view<2>("w_up", w_up, "[d_model, m]");
+    const auto wd = input_view<2>("w_down", w_down, "[m, d_model]");
+    const auto ov = output_view<R>("out", std::forward<O>(out), layout);
+    ATTNKIT_IF_FLOAT("attnkit::gated_mlp: float tensors", xv, wg, wu, wd, ov) {
+        return gated_mlp_views<R>{xv, wg, wu, wd, ov};
     } else {
         return gated_mlp_views<R>{};  // never run: the static_assert above has failed, alone
     }

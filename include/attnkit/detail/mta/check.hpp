@@ -79,8 +79,7 @@ shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& 
     if (s.len_q != s.len_k)
         fail("q, k: multi-token attention needs Lq == Lk (causal self-attention), got q " + shape_string(q) +
              ", k " + shape_string(k));
-    if (s.len_k >= (index_t(1) << 24))
-        fail("k: at most 2^24 - 1 keys per call, got Lk = " + std::to_string(s.len_k) + " in " + shape_string(k));
+    check_max_keys("k", s.len_k, "keys per call", "Lk", k);
     check_out("out", out, s);
     const shape r = check_options(o, s);
     // out shares memory with no input, not even as q itself: a query block re-reads the c_q - 1

@@ -58,6 +58,21 @@ stream_shape check_stream(const view<TQ, 4>& qf, const view<TK, 4>& kf) {
     return s;
 }
 
+// The stream of a static_attention_map, which holds H * Lmax (Lmax + 1) / 2 floats (one packed
+// lower triangle per head): that count in bytes must be a number (a zero-stride stream makes any
+// Lmax cheap to pass).
+template <class TQ, class TK>
+stream_shape check_map_stream(const view<TQ, 4>& qf, const view<TK, 4>& kf) {
+    const stream_shape s = check_stream(qf, kf);
+    index_t tri = 0, floats = 0, bytes = 0;
+    if (!mul_fits(s.max_len, s.max_len + 1, tri) || !mul_fits(s.heads, tri / 2, floats) ||
+        !mul_fits(floats, index_t(sizeof(float)), bytes))
+        fail("q_fixed: a map of Lmax = " + str(s.max_len) + " positions and H = " + str(s.heads) +
+             " heads holds H * Lmax (Lmax + 1) / 2 floats, which overflows int64 bytes (q_fixed " + shape_string(qf) +
+             ")");
+    return s;
+}
+
 // v against a stream (or map) of max_len positions, heads and heads_k; out has `rows` rows
 // (== L for static_qk_attention, any 0 <= T <= L for the map: the last T rows).
 // `owner` names what max_len belongs to in messages ("fixed stream", "map").

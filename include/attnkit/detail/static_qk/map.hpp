@@ -37,10 +37,8 @@ class static_attention_map {
         namespace sq = detail::static_qk;
         const auto qf = sq::q_fixed_view(q_fixed);
         const auto kf = sq::k_fixed_view(k_fixed);
-        constexpr bool kFloat = detail::kFloatViews<decltype(qf), decltype(kf)>;
-        static_assert(kFloat, "attnkit::static_attention_map: float q_fixed and k_fixed");
-        if constexpr (kFloat) {  // a wrong type stops at the static_assert alone
-            const sq::stream_shape s = sq::check_stream(qf, kf);
+        ATTNKIT_IF_FLOAT("attnkit::static_attention_map: float q_fixed and k_fixed", qf, kf) {
+            const sq::stream_shape s = sq::check_map_stream(qf, kf);
             sq::check_options(opts);
             init(s.max_len, s.heads, s.heads_k);
             sq::build_map<simd::default_arch>(qf, kf, s, detail::resolve_scale(opts.scale, s.dim), p_.data(),
@@ -74,9 +72,7 @@ class static_attention_map {
         namespace sq = detail::static_qk;
         const auto vv = sq::v_view(v);
         const auto ov = detail::output_view<4>("out", std::forward<O>(out), "[B, T, H, Dv]");
-        constexpr bool kFloat = detail::kFloatViews<decltype(vv), decltype(ov)>;
-        static_assert(kFloat, "attnkit::static_attention_map::apply: float v and out");
-        if constexpr (kFloat) {  // a wrong type stops at the static_assert alone
+        ATTNKIT_IF_FLOAT("attnkit::static_attention_map::apply: float v and out", vv, ov) {
             const sq::values_shape s = sq::check_values(vv, ov, lmax_, heads_, heads_kv_, true, "map");
             // out shares no memory with v: an output row reads every value row up to its own.
             detail::check_outputs_apart({detail::region_of("out", ov)}, {detail::region_of("v", vv)});

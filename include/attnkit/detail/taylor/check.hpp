@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -59,29 +60,23 @@ attention_shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const vie
 // The fixed sizes of a taylor_state, checked at construction.
 inline void check_state_sizes(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v,
                               const taylor_options& opts) {
-    detail::check_state_sizes("taylor_state", batch, heads, heads_kv, dim, dim_v);
+    const std::string got = detail::check_state_sizes("taylor_state", batch, heads, heads_kv, dim, dim_v);
+    // A state that may go linear holds, per batch item and key/value head, F = 1 + D + D(D+1)/2
+    // feature rows of Dv + 1 floats (each padded to whole micro tiles, bounded here by 64 more)
+    // and a chunk of 64 keys and values: that size in bytes must be a number.
+    if (opts.form != taylor_form::quadratic) {
+        constexpr index_t kMax = std::numeric_limits<index_t>::max();
+        index_t tri = 0, rows = 0, per_item = 0, items = 0, total = 0;
+        const bool ok = dim < kMax / 2 && mul_fits(dim, dim + 1, tri) && (tri /= 2, tri <= kMax - dim - 65) &&
+                        dim_v < kMax - 65 && mul_fits(tri + dim + 65, dim_v + 65, rows) &&
+                        rows <= kMax - 64 * (dim + dim_v) && mul_fits(batch, heads_kv, items) &&
+                        mul_fits(items, rows + 64 * (dim + dim_v), per_item) &&
+                        mul_fits(per_item, index_t(sizeof(float)), total);
+        if (!ok) fail("taylor_state: the linear state of " + got + " overflows int64 bytes (use form = quadratic)");
+    }
     check_scale(opts.scale);
     check_eps(opts.eps);
     check_state_key_lengths("taylor_state", opts.key_lengths);
-}
-
-// One state step: q [B,T,H,D], k [B,T,Hk,D], v [B,T,Hk,Dv], out [B,T,H,Dv] with T >= 1 and the
-// sizes the state was built with.
-template <class TQ, class TK, class TV, class TO>
-attention_shape check_step(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v,
-                           const view<TO, 4>& out, index_t batch, index_t heads, index_t heads_kv,
-                           index_t dim, index_t dim_v) {
-    check_layout("q", q);
-    check_layout("k", k);
-    check_layout("v", v);
-    check_layout("out", out);
-    const index_t T = q.dims[1];
-    if (T < 1) fail("q: a step appends T >= 1 tokens, got q " + shape_string(q));
-    check_shape("q", q, {batch, T, heads, dim}, "[B, T, H, D] of the state");
-    check_shape("k", k, {batch, T, heads_kv, dim}, "[B, T, Hk, D] of the state");
-    check_shape("v", v, {batch, T, heads_kv, dim_v}, "[B, T, Hk, Dv] of the state");
-    check_shape("out", out, {batch, T, heads, dim_v}, "[B, T, H, Dv] of the state");
-    return attention_shape{batch, T, T, heads, heads_kv, dim, dim_v};
 }
 
 }  // namespace taylor

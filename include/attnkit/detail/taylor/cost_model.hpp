@@ -21,9 +21,9 @@ namespace taylor {
 constexpr double kQuadraticGflops = 78.0;
 constexpr double kLinearGflops = 68.0;
 
-// Mask bounds are compared to key indices in float lanes, exact below 2^24 (as softmax): the
-// most keys one quadratic-form call (or a quadratic taylor_state) may hold.
-constexpr index_t kMaxQuadraticKeys = (index_t(1) << 24) - 1;
+// The most keys one quadratic-form call (or a quadratic taylor_state) may hold: the engine's
+// (detail/check.hpp).
+constexpr index_t kMaxQuadraticKeys = kMaxKeys;
 
 // Visible (query, key) pairs of one batch item's query head: row i sees min(len, i + Lk - Lq + 1)
 // keys when causal (at least 0), len otherwise.

@@ -116,9 +116,7 @@ class taylor_state {
         const auto kv = detail::k_view(k);
         const auto vv = detail::v_view(v);
         const auto ov = detail::out_view(out);
-        constexpr bool kFloat = detail::kFloatViews<decltype(qv), decltype(kv), decltype(vv), decltype(ov)>;
-        static_assert(kFloat, "attnkit::taylor_state::step: float tensors");
-        if constexpr (kFloat) run(qv, kv, vv, ov);  // a wrong type stops at the static_assert alone
+        ATTNKIT_IF_FLOAT("attnkit::taylor_state::step: float tensors", qv, kv, vv, ov) run(qv, kv, vv, ov);
     }
 
    private:
@@ -138,14 +136,12 @@ class taylor_state {
 
     void run(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
              const view<float, 4>& out) {
-        const detail::attention_shape s =
-            detail::taylor::check_step(q, k, v, out, batch_, heads_, heads_kv_, dim_, dim_v_);
         // out may be q itself (every row is read before it is written), nothing else.
-        detail::check_attention_memory(q, k, v, out, static_cast<const view<float, 3>*>(nullptr));
+        const detail::attention_shape s = detail::check_state_step(
+            "taylor_state", q, k, v, out, {batch_, 0, 0, heads_, heads_kv_, dim_, dim_v_}, 1);
         const index_t T = s.len_q;
-        if (form_ == taylor_form::quadratic && length_ + T > detail::taylor::kMaxQuadraticKeys)
-            detail::fail("k: a taylor_state of form quadratic holds at most 2^24 - 1 tokens, got " +
-                         std::to_string(length_) + " + T = " + std::to_string(T) + " in " + shape_string(k));
+        if (form_ == taylor_form::quadratic)
+            detail::check_max_keys("k", length_ + T, "tokens in a taylor_state of form quadratic", "length() + T", k);
         if (!linear_ && length_ + T < crossover_) {
             quadratic_step(q, k, v, out, T);
             length_ += T;
