@@ -37,8 +37,7 @@ void softmax_attention_backward_run(const view<const TQ, 4>& q, const view<const
                                     const view<float, 4>& d_q, const view<float, 4>& d_k, const view<float, 4>& d_v,
                                     const view<float, 1>* d_sinks, const softmax_options& opts) {
     const attention_shape s = check_qkv(q, k, v);
-    if (s.len_k >= (index_t(1) << 24))
-        fail("k: at most 2^24 - 1 keys per call, got Lk = " + std::to_string(s.len_k) + " in " + shape_string(k));
+    check_max_keys("k", s.len_k, "keys per call (split longer caches and merge_partials)", "Lk", k);
     check_out("out", out, s);
     check_lse("lse", lse, s);
     check_out("d_out", d_out, s);
