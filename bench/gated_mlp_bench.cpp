@@ -10,6 +10,11 @@
 //               one set of full-size Eigen products on its own thread.
 //   reference   attnkit::reference::gated_mlp (double loops) at N = 32, one thread, one
 //               iteration: the baseline ratio only.
+//   backward    attnkit::gated_mlp_backward (d_x and the three weight gradients from d_out):
+//               FLOP/s counts the eight products it runs, 16 N d_model m (the six of the
+//               gradients and the two of the forward it recomputes, as no activations are
+//               saved); bwd_useful_frac = peak_frac x 6/8, the same time over the gradients'
+//               own 12 N d_model m.
 // Counters: FLOP/s = 6 N d_model m per call (the three products; SiLU not counted),
 // cpu_peak_frac = the same FLOPs over the process CPU time / the per-thread peak (meaningful
 // when other processes share the cores),
@@ -28,6 +33,7 @@
 #include <benchmark/benchmark.h>
 
 #include "attnkit/gated_mlp.hpp"
+#include "attnkit/gated_mlp_backward.hpp"
 #include "attnkit/reference/gated_mlp.hpp"
 #include "common/bench_main.hpp"
 #include "common/machine.hpp"
@@ -115,6 +121,31 @@ void BM_mlp(benchmark::State& state, std::string family, std::int64_t n, std::in
     set_flop_counters(state, flops, seconds, cpu_seconds, threads);
 }
 
+void BM_mlp_backward(benchmark::State& state, std::int64_t n, std::int64_t d, int threads) {
+    const std::int64_t m = attnkit::gated_mlp_width(d);
+    const mlp_inputs in = make_inputs(n, d);
+    tensor2 dout(n, d), dx(n, d), dwg(d, m), dwu(d, m), dwd(m, d);
+    fill(dout, 99, 1.0f);
+    attnkit::gated_mlp_options o;
+    o.pool = shared_pool(threads);
+    const double c0 = process_cpu_seconds();
+    const auto t0 = clock_type::now();
+    for (auto _ : state) {
+        attnkit::gated_mlp_backward(in.x, in.wg, in.wu, in.wd, dout, dx, dwg, dwu, dwd, o);
+        benchmark::ClobberMemory();
+    }
+    const double seconds = seconds_since(t0), cpu_seconds = process_cpu_seconds() - c0;
+    for (const tensor2* t : {&dx, &dwg, &dwu, &dwd})
+        for (std::int64_t i = 0; i < t->size(); ++i)
+            if (!std::isfinite(t->data()[i])) {
+                state.SkipWithError("non-finite gradient");
+                return;
+            }
+    const double flops = 16.0 * static_cast<double>(n) * static_cast<double>(d) * static_cast<double>(m);
+    set_flop_counters(state, flops, seconds, cpu_seconds, threads);
+    state.counters["bwd_useful_frac"] = state.counters["peak_frac"] * 0.75;
+}
+
 void register_mlp() {
     const std::int64_t kN = 2048;
     for (std::int64_t d : {512, 896}) {
@@ -126,6 +157,11 @@ void register_mlp() {
                                              BM_mlp, std::string(fam), kN, d, t)
                     ->UseRealTime()
                     ->Unit(benchmark::kMillisecond);
+        for (int t : kThreadCounts)
+            benchmark::RegisterBenchmark(("backward" + shape + "/threads:" + std::to_string(t)).c_str(), BM_mlp_backward,
+                                         kN, d, t)
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
         benchmark::RegisterBenchmark(("reference/N:32/d_model:" + std::to_string(d) + "/m:" +
                                       std::to_string(attnkit::gated_mlp_width(d)) + "/threads:1")
                                          .c_str(),

@@ -83,7 +83,7 @@ template <class A, int R>
 void gated_mlp_impl(const view<const float, R>& x, const view<const float, 2>& w_gate,
                     const view<const float, 2>& w_up, const view<const float, 2>& w_down, const view<float, R>& out,
                     const gated_mlp_options& opts) {
-    const gated_mlp_shape s = check_gated_mlp<R>(x, w_gate, w_up, w_down, out);
+    const gated_mlp_shape s = check_gated_mlp<float, R>(x, w_gate, w_up, w_down, out);
     if (s.rows == 0 || s.d_model == 0) return;
 
     // The rows as segments of uniform stride (detail/row_segments.hpp).

@@ -115,6 +115,24 @@ inline void gemm_blocks(const matrix_ref<const float>& a, const matrix_ref<const
     });
 }
 
+// gemm_blocks with transposed operands (gemm_op): block (r0, c0) of C reads rows r0.. of op(A)
+// and columns c0.. of op(B), wherever they lie in the stored matrices.
+inline void gemm_blocks(const matrix_ref<const float>& a, gemm_op op_a, const matrix_ref<const float>& b,
+                        gemm_op op_b, const matrix_ref<float>& c, thread_pool* pool, index_t block_rows,
+                        index_t block_cols, gemm_mode mode = gemm_mode::assign) {
+    if (c.rows <= 0 || c.cols <= 0) return;
+    const index_t row_blocks = (c.rows + block_rows - 1) / block_rows;
+    const index_t col_blocks = (c.cols + block_cols - 1) / block_cols;
+    const bool ta = op_a == gemm_op::transpose, tb = op_b == gemm_op::transpose;
+    parallel_for(pool, row_blocks * col_blocks, [&](std::int64_t t) {
+        const index_t r0 = (t % row_blocks) * block_rows, c0 = (t / row_blocks) * block_cols;
+        const index_t r1 = r0 + block_rows < c.rows ? r0 + block_rows : c.rows;
+        const index_t c1 = c0 + block_cols < c.cols ? c0 + block_cols : c.cols;
+        gemm(ta ? a.col_block(r0, r1) : a.row_block(r0, r1), op_a, tb ? b.row_block(c0, c1) : b.col_block(c0, c1), op_b,
+             c.row_block(r0, r1).col_block(c0, c1), mode);
+    });
+}
+
 // C = A B with C's rows split into fixed blocks over the pool.
 inline void gemm_rows(const matrix_ref<const float>& a, const matrix_ref<const float>& b, const matrix_ref<float>& c,
                       thread_pool* pool, index_t block_rows = kGemmBlockRows) {

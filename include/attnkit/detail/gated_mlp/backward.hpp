@@ -1,0 +1,114 @@
+// The gated MLP's backward pass on the engine's GEMM (the mathematics: reference/
+// gated_mlp_backward.hpp). Rows in blocks of up to kMlpBackwardRows, the hidden width m in slices
+// of kMlpBackwardSlice columns; per (row block, slice), with x_b, d_out_b the block's rows and
+// W[:, s] the slice's columns:
+//   G_s = x_b W_gate[:, s],  U_s = x_b W_up[:, s],  dZ_s = d_out_b W_down[s, :]^T
+//   Z_s, dG_s, dU_s                     one elementwise pass (silu.hpp silu_backward)
+//   d_w_down[s, :] (+)= Z_s^T d_out_b,  d_w_gate[:, s] (+)= x_b^T dG_s,  d_w_up[:, s] (+)= x_b^T dU_s
+//   d_x_b (+)= dG_s W_gate[:, s]^T + dU_s W_up[:, s]^T
+// The [rows, m] intermediates exist only slice by slice ([rows, slice] x 4, last-level cache
+// sized), never for the whole width: the forward's G and U are recomputed (two of the eight
+// products) rather than stored, as the API takes no saved activations. Transposed operands are
+// read in place (gemm_op). Each product runs on a fixed grid of C's blocks over the pool and the
+// blocks and slices follow in a fixed order, so the gradients are bitwise identical for any
+// thread count.
+#pragma once
+
+#include <vector>
+
+#include "attnkit/detail/gated_mlp/check.hpp"
+#include "attnkit/detail/gated_mlp/silu.hpp"
+#include "attnkit/detail/gemm.hpp"
+#include "attnkit/detail/row_segments.hpp"
+#include "attnkit/thread_pool.hpp"
+
+namespace attnkit {
+namespace detail {
+
+// Rows per block: the slice intermediates (4 x rows x slice floats, 8 MiB at 2048 x 256) stay in
+// the last-level cache while the weight gradients' products read them.
+constexpr index_t kMlpBackwardRows = 2048;
+// Columns of m per slice: a multiple of every register tile's width (8, 16, 32).
+constexpr index_t kMlpBackwardSlice = 256;
+// Output blocks of each product over the pool: enough blocks for a few threads on every shape.
+constexpr index_t kMlpBackwardBlockRows = 128;
+constexpr index_t kMlpBackwardWeightRows = 64;
+
+template <class A, int R>
+void gated_mlp_backward_run(const view<const float, R>& x, const view<const float, 2>& w_gate,
+                            const view<const float, 2>& w_up, const view<const float, 2>& w_down,
+                            const view<const float, R>& d_out, const view<float, R>& d_x,
+                            const view<float, 2>& d_w_gate, const view<float, 2>& d_w_up,
+                            const view<float, 2>& d_w_down, thread_pool* pool) {
+    const gated_mlp_shape s =
+        check_gated_mlp_backward<float, R>(x, w_gate, w_up, w_down, d_out, d_x, d_w_gate, d_w_up, d_w_down);
+    const index_t d = s.d_model, m = s.width;
+    auto mref = [](const auto& v) { return matrix_ref<typename std::decay_t<decltype(v)>::element_type>{v.data, v.dims[0], v.dims[1], v.strides[0]}; };
+    const matrix_ref<const float> wg = mref(w_gate), wu = mref(w_up), wd = mref(w_down);
+    const matrix_ref<float> dwg = mref(d_w_gate), dwu = mref(d_w_up), dwd = mref(d_w_down);
+    auto zero = [](const matrix_ref<float>& c) {
+        for (index_t i = 0; i < c.rows; ++i)
+            for (index_t j = 0; j < c.cols; ++j) c.data[i * c.stride + j] = 0.0f;
+    };
+    if (s.rows == 0 || m == 0) {  // no tokens, or an empty hidden layer: every gradient is zero
+        zero(dwg), zero(dwu), zero(dwd);
+        for_row_segments(d_out, d_x, [&](const float*, float* dxr, index_t rows, index_t, index_t dxs) {
+            zero({dxr, rows, d, dxs});
+        });
+        return;
+    }
+
+    // Row segments of one stride each (detail/row_segments.hpp), cut into blocks.
+    struct block {
+        matrix_ref<const float> x, dout;
+        matrix_ref<float> dx;
+    };
+    std::vector<block> blocks;
+    std::vector<matrix_ref<const float>> xsegs;
+    for_row_segments(x, d_out, [&](const float* xr, const float* dor, index_t rows, index_t xs, index_t ds) {
+        (void)dor, (void)ds;
+        xsegs.push_back({xr, rows, d, xs});
+    });
+    std::size_t seg = 0;
+    for_row_segments(d_out, d_x, [&](const float* dor, float* dxr, index_t rows, index_t ds, index_t dxs) {
+        const matrix_ref<const float> xm = xsegs[seg++];
+        for (index_t r0 = 0; r0 < rows; r0 += kMlpBackwardRows) {
+            const index_t r1 = r0 + kMlpBackwardRows < rows ? r0 + kMlpBackwardRows : rows;
+            blocks.push_back({xm.row_block(r0, r1), matrix_ref<const float>{dor, rows, d, ds}.row_block(r0, r1),
+                              matrix_ref<float>{dxr, rows, d, dxs}.row_block(r0, r1)});
+        }
+    });
+
+    const index_t max_rows = kMlpBackwardRows < s.rows ? kMlpBackwardRows : s.rows;
+    const index_t sw = kMlpBackwardSlice < m ? kMlpBackwardSlice : m;
+    std::vector<float> scratch(static_cast<std::size_t>(4 * max_rows * sw));
+    const auto none = gemm_op::none, tr = gemm_op::transpose;
+    constexpr index_t BR = kMlpBackwardBlockRows, WR = kMlpBackwardWeightRows;
+    for (std::size_t bi = 0; bi < blocks.size(); ++bi) {
+        const block& b = blocks[bi];
+        const index_t rows = b.x.rows;
+        const gemm_mode first_block = bi == 0 ? gemm_mode::assign : gemm_mode::add;
+        for (index_t c0 = 0; c0 < m; c0 += sw) {
+            const index_t c1 = c0 + sw < m ? c0 + sw : m, w = c1 - c0;
+            const matrix_ref<float> g{scratch.data(), rows, w, w}, u{g.data + rows * w, rows, w, w},
+                dz{u.data + rows * w, rows, w, w}, z{dz.data + rows * w, rows, w, w};
+            gemm_blocks(b.x, none, wg.col_block(c0, c1), none, g, pool, BR, w);
+            gemm_blocks(b.x, none, wu.col_block(c0, c1), none, u, pool, BR, w);
+            gemm_blocks(b.dout, none, wd.row_block(c0, c1), tr, dz, pool, BR, w);
+            parallel_for(pool, (rows + BR - 1) / BR, [&](std::int64_t t) {
+                const index_t r0 = t * BR, n = (r0 + BR < rows ? r0 + BR : rows) - r0;
+                silu_backward<A>(g.data + r0 * w, u.data + r0 * w, dz.data + r0 * w, z.data + r0 * w, n * w);
+            });
+            const matrix_ref<const float> gc{g.data, rows, w, w}, uc{u.data, rows, w, w}, zc{z.data, rows, w, w};
+            gemm_blocks(zc, tr, b.dout, none, dwd.row_block(c0, c1), pool, WR, d, first_block);
+            gemm_blocks(b.x, tr, gc, none, dwg.col_block(c0, c1), pool, WR, w, first_block);
+            gemm_blocks(b.x, tr, uc, none, dwu.col_block(c0, c1), pool, WR, w, first_block);
+            gemm_blocks(gc, none, wg.col_block(c0, c1), tr, b.dx, pool, BR, d,
+                        c0 == 0 ? gemm_mode::assign : gemm_mode::add);
+            gemm_blocks(uc, none, wu.col_block(c0, c1), tr, b.dx, pool, BR, d, gemm_mode::add);
+        }
+    }
+}
+
+}  // namespace detail
+}  // namespace attnkit
