@@ -7,6 +7,8 @@
 //   per_layer      what a framework does: 24 separate GEMMs, e x [W_Q^l W_K^l] into 24 separate
 //                  [L, 1792] outputs, each an Eigen product (with 2 threads, the rows of each
 //                  layer's product halved over the two threads)
+//   backward       attnkit::embedding_qk_projection_backward: d_e = d_qk w^T and d_w = e^T d_qk,
+//                  two GEMMs with w and e read transposed (FLOP/s counts both: 4 L d_model 43008)
 // Counters: FLOP/s = 2 L d_model 43008 per call, cpu_peak_frac = the same over process CPU
 // time / the per-thread peak (for shared machines), peak_frac = FLOP/s / (measured FMA peak per
 // thread x threads). Memory: about 1 GiB.
@@ -24,6 +26,7 @@
 #include <benchmark/benchmark.h>
 
 #include "attnkit/embedding_qk.hpp"
+#include "attnkit/embedding_qk_backward.hpp"
 #include "common/bench_main.hpp"
 #include "common/machine.hpp"
 
@@ -104,7 +107,34 @@ void BM_projection(benchmark::State& state, bool one_gemm, int threads) {
     set_flop_counters(state, flops, seconds, cpu_seconds, threads);
 }
 
+void BM_projection_backward(benchmark::State& state, int threads) {
+    const attnkit::embedding_qk_layout lay{24, 14, 14, 64};
+    const std::int64_t L = 2048, d = 896, W = lay.layers * (lay.heads + lay.heads_kv) * lay.dim;
+    tensor3 e(1, L, d), dqk(1, L, W), de(1, L, d);
+    tensor2 w(d, W), dw(d, W);
+    fill(e.data(), e.size(), 1, 1.0f);
+    fill(w.data(), w.size(), 2, 1.0f / std::sqrt(static_cast<float>(d)));
+    fill(dqk.data(), dqk.size(), 3, 1.0f);
+    attnkit::thread_pool* pool = shared_pool(threads);
+    attnkit::embedding_qk_projection_backward(e, w, dqk, de, dw, lay, pool);  // warm: first touch
+    const double c0 = process_cpu_seconds();
+    const auto t0 = clock_type::now();
+    for (auto _ : state) {
+        attnkit::embedding_qk_projection_backward(e, w, dqk, de, dw, lay, pool);
+        benchmark::ClobberMemory();
+    }
+    const double seconds = seconds_since(t0), cpu_seconds = process_cpu_seconds() - c0;
+    if (!std::isfinite(de(0, L - 1, d - 1)) || !std::isfinite(dw(d - 1, W - 1))) state.SkipWithError("non-finite gradient");
+    const double flops = 4.0 * static_cast<double>(L) * static_cast<double>(d) * static_cast<double>(W);
+    set_flop_counters(state, flops, seconds, cpu_seconds, threads);
+}
+
 void register_projection() {
+    for (int t : kThreadCounts)
+        benchmark::RegisterBenchmark(("backward/layers:24/d_model:896/H:14/Hk:14/D:64/L:2048/threads:" + std::to_string(t)).c_str(),
+                                     BM_projection_backward, t)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
     for (int t : kThreadCounts)
         for (bool one : {true, false})
             benchmark::RegisterBenchmark((std::string(one ? "embedding_qk" : "per_layer") +

@@ -45,7 +45,7 @@ constexpr index_t kEmbeddingBlockCols = 2048;
 inline void embedding_qk_projection_impl(const view<const float, 3>& e, const view<const float, 2>& w,
                                          const view<float, 3>& qk, const embedding_qk_layout& layout,
                                          thread_pool* pool) {
-    const embedding_qk_shape s = check_embedding_projection(e, w, qk, layout);
+    const embedding_qk_shape s = check_embedding_projection<float>(e, w, qk, layout);
     const matrix_ref<const float> wm{w.data, s.d_model, s.width, w.strides[0]};
     if (s.batch == 0 || s.len == 0) return;
     // One GEMM per segment of uniform row stride (detail/row_segments.hpp).

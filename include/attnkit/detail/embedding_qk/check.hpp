@@ -36,23 +36,58 @@ struct embedding_qk_shape {
     index_t batch, len, d_model, width;
 };
 
-// e [B, L, d_model], w [d_model, width], qk [B, L, width] with width from the layout.
-inline embedding_qk_shape check_embedding_projection(const view<const float, 3>& e, const view<const float, 2>& w,
-                                                     const view<float, 3>& qk, const embedding_qk_layout& layout) {
+// e [B, L, d_model] and w [d_model, width] with width from the layout. T: float (the kernel) or
+// double (the oracle).
+template <class T>
+embedding_qk_shape check_embedding_inputs(const view<const T, 3>& e, const view<const T, 2>& w,
+                                          const embedding_qk_layout& layout) {
     const index_t width = check_embedding_layout(layout);
     check_layout("e", e);
     check_layout("w", w);
-    check_layout("qk", qk);
     const embedding_qk_shape s{e.dims[0], e.dims[1], e.dims[2], width};
     if (w.dims[0] != s.d_model || w.dims[1] != width)
         fail("w: expected [d_model, layers * (heads + heads_kv) * dim] = [" + std::to_string(s.d_model) + ", " +
              std::to_string(width) + "] for e " + shape_string(e) + " and layout " + layout_string(layout) +
              ", got " + shape_string(w));
-    if (qk.dims[0] != s.batch || qk.dims[1] != s.len || qk.dims[2] != width)
-        fail("qk: expected [B, L, layers * (heads + heads_kv) * dim] = [" + std::to_string(s.batch) + ", " +
-             std::to_string(s.len) + ", " + std::to_string(width) + "] for e " + shape_string(e) + " and layout " +
-             layout_string(layout) + ", got " + shape_string(qk));
+    return s;
+}
+
+// qk (or d_qk) [B, L, width] for e and the layout.
+template <class T>
+void check_embedding_output(const char* name, const view<T, 3>& qk, const embedding_qk_shape& s,
+                            const embedding_qk_layout& layout) {
+    check_layout(name, qk);
+    if (qk.dims[0] != s.batch || qk.dims[1] != s.len || qk.dims[2] != s.width)
+        fail(std::string(name) + ": expected [B, L, layers * (heads + heads_kv) * dim] = [" + std::to_string(s.batch) +
+             ", " + std::to_string(s.len) + ", " + std::to_string(s.width) + "] for e [" + std::to_string(s.batch) +
+             ", " + std::to_string(s.len) + ", " + std::to_string(s.d_model) + "] and layout " + layout_string(layout) +
+             ", got " + shape_string(qk));
+}
+
+// e [B, L, d_model], w [d_model, width], qk [B, L, width] with width from the layout.
+template <class T>
+embedding_qk_shape check_embedding_projection(const view<const T, 3>& e, const view<const T, 2>& w,
+                                              const view<T, 3>& qk, const embedding_qk_layout& layout) {
+    const embedding_qk_shape s = check_embedding_inputs<T>(e, w, layout);
+    check_embedding_output("qk", qk, s, layout);
     check_outputs_apart({region_of("qk", qk)}, {region_of("e", e), region_of("w", w)});
+    return s;
+}
+
+// The backward's arguments: d_qk of qk's shape, d_e of e's, d_w of w's; the gradients apart
+// from each other and from every input.
+template <class T>
+embedding_qk_shape check_embedding_backward(const view<const T, 3>& e, const view<const T, 2>& w,
+                                            const view<const T, 3>& d_qk, const view<T, 3>& d_e,
+                                            const view<T, 2>& d_w, const embedding_qk_layout& layout) {
+    const embedding_qk_shape s = check_embedding_inputs<T>(e, w, layout);
+    check_embedding_output("d_qk", d_qk, s, layout);
+    check_layout("d_e", d_e);
+    check_shape<T, 3>("d_e", d_e, e.dims, "[B, L, d_model] (the shape of e)");
+    check_layout("d_w", d_w);
+    check_shape<T, 2>("d_w", d_w, w.dims, "[d_model, layers * (heads + heads_kv) * dim] (the shape of w)");
+    check_outputs_apart({region_of("d_e", d_e), region_of("d_w", d_w)},
+                        {region_of("e", e), region_of("w", w), region_of("d_qk", d_qk)});
     return s;
 }
 

@@ -25,14 +25,20 @@
 namespace attnkit {
 namespace detail {
 
-// Rows per block: the slice intermediates (4 x rows x slice floats, 8 MiB at 2048 x 256) stay in
-// the last-level cache while the weight gradients' products read them.
+// Rows per block: the slice intermediates (4 x rows x slice floats, 16 MiB at 2048 x 512) stay
+// in the last-level cache while the weight gradients' products read them.
 constexpr index_t kMlpBackwardRows = 2048;
-// Columns of m per slice: a multiple of every register tile's width (8, 16, 32).
-constexpr index_t kMlpBackwardSlice = 256;
-// Output blocks of each product over the pool: enough blocks for a few threads on every shape.
-constexpr index_t kMlpBackwardBlockRows = 128;
-constexpr index_t kMlpBackwardWeightRows = 64;
+// Columns of m per slice: a multiple of every register tile's width (8, 16, 32). The weight
+// gradients' products have only d_model x slice outputs for a K of the block's rows, and each
+// output block packs its own operands, so a wide slice keeps that packing small against the
+// FMAs (256 columns measured slower).
+constexpr index_t kMlpBackwardSlice = 512;
+// Output rows per block of the products over the rows (G, U, dZ, d_x): 256 rows, a few blocks
+// per thread, each packing its weight slice once per 256 rows.
+constexpr index_t kMlpBackwardBlockRows = 256;
+// The weight gradients' blocks: d_model in four near-equal parts (rounded to 8 rows), so two or
+// four threads share them evenly.
+inline index_t mlp_weight_block_rows(index_t d_model) { return ((d_model + 3) / 4 + 7) / 8 * 8; }
 
 template <class A, int R>
 void gated_mlp_backward_run(const view<const float, R>& x, const view<const float, 2>& w_gate,
@@ -83,7 +89,7 @@ void gated_mlp_backward_run(const view<const float, R>& x, const view<const floa
     const index_t sw = kMlpBackwardSlice < m ? kMlpBackwardSlice : m;
     std::vector<float> scratch(static_cast<std::size_t>(4 * max_rows * sw));
     const auto none = gemm_op::none, tr = gemm_op::transpose;
-    constexpr index_t BR = kMlpBackwardBlockRows, WR = kMlpBackwardWeightRows;
+    const index_t BR = kMlpBackwardBlockRows, WR = mlp_weight_block_rows(d);
     for (std::size_t bi = 0; bi < blocks.size(); ++bi) {
         const block& b = blocks[bi];
         const index_t rows = b.x.rows;
@@ -100,7 +106,7 @@ void gated_mlp_backward_run(const view<const float, R>& x, const view<const floa
                 silu_backward<A>(g.data + r0 * w, u.data + r0 * w, dz.data + r0 * w, z.data + r0 * w, n * w);
             });
             const matrix_ref<const float> gc{g.data, rows, w, w}, uc{u.data, rows, w, w}, zc{z.data, rows, w, w};
-            gemm_blocks(zc, tr, b.dout, none, dwd.row_block(c0, c1), pool, WR, d, first_block);
+            gemm_blocks(zc, tr, b.dout, none, dwd.row_block(c0, c1), pool, w, WR, first_block);
             gemm_blocks(b.x, tr, gc, none, dwg.col_block(c0, c1), pool, WR, w, first_block);
             gemm_blocks(b.x, tr, uc, none, dwu.col_block(c0, c1), pool, WR, w, first_block);
             gemm_blocks(gc, none, wg.col_block(c0, c1), tr, b.dx, pool, BR, d,
