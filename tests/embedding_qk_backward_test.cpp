@@ -19,6 +19,7 @@
 
 #include "common/compare.hpp"
 #include "common/errors.hpp"
+#include "common/finite_differences.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
 
@@ -57,20 +58,8 @@ TEST(reference_embedding_qk_backward, matches_central_finite_differences) {
     tensor<double, 3> de(B, L, d);
     tensor<double, 2> dw(d, W);
     ref::embedding_qk_projection_backward(e, w, r, de, dw, lay);
-    auto check = [&](auto& param, const auto& grad, const char* name) {
-        constexpr double h = 1e-5;
-        for (index_t i = 0; i < param.size(); ++i) {
-            const double p0 = param.data()[i];
-            param.data()[i] = p0 + h;
-            const double lp = loss();
-            param.data()[i] = p0 - h;
-            const double lm = loss();
-            param.data()[i] = p0;
-            EXPECT_NEAR((lp - lm) / (2 * h), grad.data()[i], 1e-8 * (1.0 + std::abs(grad.data()[i]))) << name << " " << i;
-        }
-    };
-    check(e, de, "d_e");
-    check(w, dw, "d_w");
+    expect_matches_finite_differences(e, de, loss, "d_e", 1e-8);
+    expect_matches_finite_differences(w, dw, loss, "d_w", 1e-8);
 }
 
 struct result {

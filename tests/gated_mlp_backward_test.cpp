@@ -20,6 +20,7 @@
 
 #include "common/compare.hpp"
 #include "common/errors.hpp"
+#include "common/finite_differences.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
 
@@ -93,23 +94,10 @@ TEST(reference_gated_mlp_backward, matches_central_finite_differences) {
     };
     mat<double> dx(N, d), dwg(d, m), dwu(d, m), dwd(m, d);
     ref::gated_mlp_backward(x, wg, wu, wd, r, dx, dwg, dwu, dwd);
-    auto check = [&](mat<double>& param, const mat<double>& grad, const char* name) {
-        constexpr double h = 1e-5;
-        for (index_t i = 0; i < param.size(); ++i) {
-            const double p0 = param.data()[i];
-            param.data()[i] = p0 + h;
-            const double lp = loss();
-            param.data()[i] = p0 - h;
-            const double lm = loss();
-            param.data()[i] = p0;
-            EXPECT_NEAR((lp - lm) / (2 * h), grad.data()[i], 1e-7 * (1.0 + std::abs(grad.data()[i])))
-                << name << " element " << i;
-        }
-    };
-    check(x, dx, "d_x");
-    check(wg, dwg, "d_w_gate");
-    check(wu, dwu, "d_w_up");
-    check(wd, dwd, "d_w_down");
+    expect_matches_finite_differences(x, dx, loss, "d_x");
+    expect_matches_finite_differences(wg, dwg, loss, "d_w_gate");
+    expect_matches_finite_differences(wu, dwu, loss, "d_w_up");
+    expect_matches_finite_differences(wd, dwd, loss, "d_w_down");
 }
 
 // ---- the fast backward against the oracle ----------------------------------------------------

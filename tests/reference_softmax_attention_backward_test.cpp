@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "common/finite_differences.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
 
@@ -48,26 +49,13 @@ double loss(const problem& p, const softmax_options& o) {
     return l;
 }
 
-// Central differences of loss in every element of x (a tensor of p), against `analytic`.
-// h = 1e-5: truncation error ~h^2 * |f'''| ~1e-10, rounding ~1e-16 * |loss| / h ~1e-11.
+// Central differences of loss in every element of x (a tensor of p), against `analytic`, with a
+// tolerance relative to the largest element of the gradient.
 void expect_matches_fd(problem& p, tensor4<double>& x, const tensor4<double>& analytic, const softmax_options& o,
                        const char* name) {
-    constexpr double h = 1e-5;
     double scale = 1.0;
     for (index_t i = 0; i < analytic.size(); ++i) scale = std::max(scale, std::abs(analytic.data()[i]));
-    int bad = 0;
-    for (index_t i = 0; i < x.size(); ++i) {
-        const double x0 = x.data()[i];
-        x.data()[i] = x0 + h;
-        const double lp = loss(p, o);
-        x.data()[i] = x0 - h;
-        const double lm = loss(p, o);
-        x.data()[i] = x0;
-        const double fd = (lp - lm) / (2 * h);
-        if (!(std::abs(fd - analytic.data()[i]) <= 1e-7 * scale) && bad++ < 5)
-            ADD_FAILURE() << name << " element " << i << ": finite differences " << fd << ", oracle "
-                          << analytic.data()[i];
-    }
+    expect_matches_finite_differences(x, analytic, [&] { return loss(p, o); }, name, 1e-7 * scale);
 }
 
 struct fd_case {

@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attnkit/detail/backward/arguments.hpp"
 #include "attnkit/detail/backward/tile_kernel.hpp"
 #include "attnkit/softmax_attention.hpp"
 
@@ -118,24 +119,16 @@ void softmax_attention_backward_impl(const view<const TQ, 4>& q, const view<cons
     if constexpr (kStorage) softmax_attention_backward_run<A>(q, k, v, out, lse, d_out, d_q, d_k, d_v, d_sinks, opts);
 }
 
-template <class GQ, class GK, class GV>
-auto gradient_views(GQ&& d_q, GK&& d_k, GV&& d_v) {
-    return std::make_tuple(output_view<4>("d_q", std::forward<GQ>(d_q), "[B, Lq, H, D]"),
-                           output_view<4>("d_k", std::forward<GK>(d_k), "[B, Lk, Hk, D]"),
-                           output_view<4>("d_v", std::forward<GV>(d_v), "[B, Lk, Hk, Dv]"));
-}
-
 }  // namespace detail
 
 template <class Q, class K, class V, class O, class L, class DO, class GQ, class GK, class GV>
 void softmax_attention_backward(const Q& q, const K& k, const V& v, const O& out, const L& lse, const DO& d_out,
                                 GQ&& d_q, GK&& d_k, GV&& d_v, const softmax_options& opts = {}) {
-    const auto g = detail::gradient_views(std::forward<GQ>(d_q), std::forward<GK>(d_k), std::forward<GV>(d_v));
-    using TG = typename std::decay_t<decltype(std::get<0>(g))>::value_type;
-    detail::softmax_attention_backward_impl<simd::default_arch>(
-        detail::q_view(q), detail::k_view(k), detail::v_view(v), detail::input_view<4>("out", out, "[B, Lq, H, Dv]"),
-        detail::input_view<3>("lse", lse, "[B, Lq, H]"), detail::input_view<4>("d_out", d_out, "[B, Lq, H, Dv]"),
-        std::get<0>(g), std::get<1>(g), std::get<2>(g), static_cast<const view<TG, 1>*>(nullptr), opts);
+    const auto a = detail::softmax_backward_arguments(q, k, v, out, lse, d_out, std::forward<GQ>(d_q),
+                                                      std::forward<GK>(d_k), std::forward<GV>(d_v));
+    using TG = typename decltype(a.d_q)::value_type;
+    detail::softmax_attention_backward_impl<simd::default_arch>(a.q, a.k, a.v, a.out, a.lse, a.d_out, a.d_q, a.d_k,
+                                                                a.d_v, static_cast<const view<TG, 1>*>(nullptr), opts);
 }
 
 // The same, also writing the sinks' gradient d_sinks [H] (opts.sinks must be set).
@@ -143,12 +136,11 @@ template <class Q, class K, class V, class O, class L, class DO, class GQ, class
           std::enable_if_t<detail::kIsLseArg<GS, softmax_options>, int> = 0>
 void softmax_attention_backward(const Q& q, const K& k, const V& v, const O& out, const L& lse, const DO& d_out,
                                 GQ&& d_q, GK&& d_k, GV&& d_v, GS&& d_sinks, const softmax_options& opts = {}) {
-    const auto g = detail::gradient_views(std::forward<GQ>(d_q), std::forward<GK>(d_k), std::forward<GV>(d_v));
+    const auto a = detail::softmax_backward_arguments(q, k, v, out, lse, d_out, std::forward<GQ>(d_q),
+                                                      std::forward<GK>(d_k), std::forward<GV>(d_v));
     const auto gs = detail::output_view<1>("d_sinks", std::forward<GS>(d_sinks), "[H]");
-    detail::softmax_attention_backward_impl<simd::default_arch>(
-        detail::q_view(q), detail::k_view(k), detail::v_view(v), detail::input_view<4>("out", out, "[B, Lq, H, Dv]"),
-        detail::input_view<3>("lse", lse, "[B, Lq, H]"), detail::input_view<4>("d_out", d_out, "[B, Lq, H, Dv]"),
-        std::get<0>(g), std::get<1>(g), std::get<2>(g), &gs, opts);
+    detail::softmax_attention_backward_impl<simd::default_arch>(a.q, a.k, a.v, a.out, a.lse, a.d_out, a.d_q, a.d_k,
+                                                                a.d_v, &gs, opts);
 }
 
 }  // namespace attnkit

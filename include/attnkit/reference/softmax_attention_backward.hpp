@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "attnkit/detail/backward/arguments.hpp"
 #include "attnkit/reference/softmax_attention.hpp"
 
 namespace attnkit {
@@ -200,16 +201,11 @@ using enable_if_grad = std::enable_if_t<attnkit::detail::kIsLseArg<X, softmax_op
 template <class Q, class K, class V, class O, class L, class DO, class GQ, class GK, class GV>
 void softmax_attention_backward(const Q& q, const K& k, const V& v, const O& out, const L& lse, const DO& d_out,
                                 GQ&& d_q, GK&& d_k, GV&& d_v, const softmax_options& opts = {}) {
-    namespace ad = attnkit::detail;
-    const auto gq = ad::output_view<4>("d_q", std::forward<GQ>(d_q), "[B, Lq, H, D]");
-    const auto gk = ad::output_view<4>("d_k", std::forward<GK>(d_k), "[B, Lk, Hk, D]");
-    const auto gv = ad::output_view<4>("d_v", std::forward<GV>(d_v), "[B, Lk, Hk, Dv]");
-    using TG = typename decltype(gq)::value_type;
-    softmax_backward_impl::run(ad::q_view(q), ad::k_view(k), ad::v_view(v),
-                               ad::input_view<4>("out", out, "[B, Lq, H, Dv]"),
-                               ad::input_view<3>("lse", lse, "[B, Lq, H]"),
-                               ad::input_view<4>("d_out", d_out, "[B, Lq, H, Dv]"), gq, view<TG, 4>(gk),
-                               view<TG, 4>(gv), static_cast<const view<TG, 1>*>(nullptr), opts);
+    const auto a = attnkit::detail::softmax_backward_arguments(q, k, v, out, lse, d_out, std::forward<GQ>(d_q),
+                                                               std::forward<GK>(d_k), std::forward<GV>(d_v));
+    using TG = typename decltype(a.d_q)::value_type;
+    softmax_backward_impl::run(a.q, a.k, a.v, a.out, a.lse, a.d_out, a.d_q, view<TG, 4>(a.d_k), view<TG, 4>(a.d_v),
+                               static_cast<const view<TG, 1>*>(nullptr), opts);
 }
 
 // The same, also writing the sinks' gradient d_sinks [H] (opts.sinks must be set).
@@ -217,17 +213,12 @@ template <class Q, class K, class V, class O, class L, class DO, class GQ, class
           softmax_backward_impl::enable_if_grad<GS> = 0>
 void softmax_attention_backward(const Q& q, const K& k, const V& v, const O& out, const L& lse, const DO& d_out,
                                 GQ&& d_q, GK&& d_k, GV&& d_v, GS&& d_sinks, const softmax_options& opts = {}) {
-    namespace ad = attnkit::detail;
-    const auto gq = ad::output_view<4>("d_q", std::forward<GQ>(d_q), "[B, Lq, H, D]");
-    const auto gk = ad::output_view<4>("d_k", std::forward<GK>(d_k), "[B, Lk, Hk, D]");
-    const auto gv = ad::output_view<4>("d_v", std::forward<GV>(d_v), "[B, Lk, Hk, Dv]");
-    const auto gs = ad::output_view<1>("d_sinks", std::forward<GS>(d_sinks), "[H]");
-    using TG = typename decltype(gq)::value_type;
-    softmax_backward_impl::run(ad::q_view(q), ad::k_view(k), ad::v_view(v),
-                               ad::input_view<4>("out", out, "[B, Lq, H, Dv]"),
-                               ad::input_view<3>("lse", lse, "[B, Lq, H]"),
-                               ad::input_view<4>("d_out", d_out, "[B, Lq, H, Dv]"), gq, view<TG, 4>(gk),
-                               view<TG, 4>(gv), &gs, opts);
+    const auto a = attnkit::detail::softmax_backward_arguments(q, k, v, out, lse, d_out, std::forward<GQ>(d_q),
+                                                               std::forward<GK>(d_k), std::forward<GV>(d_v));
+    const auto gs = attnkit::detail::output_view<1>("d_sinks", std::forward<GS>(d_sinks), "[H]");
+    using TG = typename decltype(a.d_q)::value_type;
+    softmax_backward_impl::run(a.q, a.k, a.v, a.out, a.lse, a.d_out, a.d_q, view<TG, 4>(a.d_k), view<TG, 4>(a.d_v),
+                               &gs, opts);
 }
 
 }  // namespace reference
