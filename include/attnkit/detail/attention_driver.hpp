@@ -48,14 +48,11 @@ struct forward_plan {
     }
 };
 
-// allow_row_path: the policy has a row kernel; n_sets value sets share each row block. The block
-// is sized as for one set: a panel's O^T of every set is touched one panel at a time, so the
-// sets' panels need not sit in L2 together, while a bigger block reuses every K tile and the
-// sets' V tiles over more rows (measured, static QK, B = 8 / 16, L = 2048, D = 64: 112 / 64
-// rows 0.65x / 0.81x of softmax_attention's time, 256 rows 0.53x / 0.50x). An item carries
-// n_sets items' work and its split-KV partials are n_sets times larger, so it counts n_sets
-// times towards kTargetWorkItems (static QK, B = 8, L = 1024, 1 thread: split 0.73x of softmax's
-// time, unsplit 0.56x).
+// allow_row_path: the row kernel may take the call (one value set). n_sets value sets share
+// each row block. The block is sized as for one set: a panel's O^T of every set is touched one
+// panel at a time, so the sets' panels need not sit in L2 together, while a bigger block reuses
+// every K tile and the sets' V tiles over more rows. An item carries n_sets items' work and its
+// split-KV partials are n_sets times larger, so it counts n_sets times towards kTargetWorkItems.
 template <class A>
 forward_plan make_plan(const attention_shape& s, bool allow_row_path = true, index_t n_sets = 1) {
     forward_plan pl;
@@ -81,23 +78,19 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
                        thread_pool* pool) {
     const attention_shape& s = p.s;
     if (s.batch == 0 || s.len_q == 0) return;
-    // row_kernel.hpp implements the softmax (any storage type of simd/convert.hpp), one value set.
-    constexpr bool kRowKernel = Policy::kRowKernel;
+    // The row kernel (row_kernel.hpp) takes one value set; the tile kernel any number.
     const index_t n_sets = p.n_sets;
-    const forward_plan pl = make_plan<A>(s, kRowKernel && n_sets == 1, n_sets);
+    const forward_plan pl = make_plan<A>(s, n_sets == 1, n_sets);
     const index_t Dv = s.dim_v;
 
     scratch_slots scratch;
     // emit(set, r, o, summary) for every row of the item.
     auto run = [&](const row_block& rb, index_t ks0, index_t ks1, auto&& emit) {
         scratch_lease buf(scratch);
-        if constexpr (kRowKernel) {
-            if (pl.row_path) {
-                row_kernel<A>(p, rb, ks0, ks1, buf.get(), [&](index_t r, float* o, float lse) { emit(0, r, o, lse); });
-                return;
-            }
-        }
-        tile_kernel<A>(p, pol, rb, ks0, ks1, buf.get(), emit);
+        if (pl.row_path)
+            row_kernel<A>(p, pol, rb, ks0, ks1, buf.get(), [&](index_t r, float* o, float sum) { emit(0, r, o, sum); });
+        else
+            tile_kernel<A>(p, pol, rb, ks0, ks1, buf.get(), emit);
     };
     auto write_final = [&](const row_block& rb, index_t set, index_t r, float* o, float summary) {
         const index_t h = rb.head(r), i = rb.pos(r);

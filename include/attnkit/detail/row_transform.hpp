@@ -1,19 +1,27 @@
 // Row transforms: what a variant of attention does to each block of scores, and how it finishes
-// a row. The tile engine (tile_kernel.hpp, attention_driver.hpp) owns tiling, packing, masks,
-// block skipping, the micro-kernels and the work partition; a variant supplies one of these
-// policies and nothing else. A policy is a small copyable struct with
+// a row. The engine owns tiling, packing, masks, block skipping, the micro-kernels and the work
+// partition: the tile kernel (tile_kernel.hpp: query rows in lanes) for prefill, the row kernel
+// (row_kernel.hpp: head dim in lanes, one dot product per key) for decode and short queries, and
+// the driver (attention_driver.hpp) that picks one and splits keys. A variant supplies one of
+// these policies and nothing else, and both kernels take it. A policy is a small copyable struct
+// with
 //
-//   kStateArrays       floats of running state per row, stored as that many arrays of rows_pad
-//                      (state + a * stride is array a; a panel's rows are consecutive)
-//   kRowKernel         whether the driver may use row_kernel.hpp (softmax only) for short queries
+//   kStateArrays       floats of running state per row, stored as that many arrays of `stride`
+//                      rows (state + a * stride is array a; a panel's rows are consecutive)
 //   init(state, stride)                     the state before the first key
 //   transform<A>(st, n, j0, masked, lo, hi, state, stride, block_max, alpha)
-//                      one panel's S^T tile [n][kTileRows] of keys j0.. -> the weights that
-//                      values_panel multiplies into V; masked keys (outside [lo, hi)) get 0;
-//                      alpha[n] is the factor for the output accumulated so far
+//                      tile kernel: one panel's S^T tile [n][kTileRows] of keys j0.. -> the
+//                      weights that values_panel multiplies into V; masked keys (outside
+//                      [lo, hi)) get 0; alpha[n] is the factor for the output accumulated so far
+//   row_weights<A>(s, n, a, z, state, stride) -> alpha
+//                      row kernel: one row's scores of a block, s[0, n) (s has kRowBlockKeys
+//                      floats, all writable) -> the weights of the keys [a, z) the row sees
+//                      (a < z; the kernel never reads the others: it skips those keys), the
+//                      state (state points at the row) updated; returns the factor for the
+//                      output accumulated so far
 //   emit_scale(state, stride), summary(state, stride)
-//                      per row (state points at the row): the factor applied to its O^T when a
-//                      work item emits it, and the one float that goes with it (lse, or a sum)
+//                      per row (state points at the row): the factor applied to its output when
+//                      a work item emits it, and the one float that goes with it (lse, or a sum)
 //   merge(o_a, sum_a, o_b, sum_b, dv)       folds the emitted rows of two disjoint key pieces
 //   finish(o, sum, head, dv)                the last step before a row is written
 //
@@ -32,7 +40,6 @@ namespace detail {
 // (one logit per query head, or null) are folded in as a zero-valued key at the end.
 struct softmax_rows {
     static constexpr int kStateArrays = 2;  // m (running max, log2 units), l (running sum)
-    static constexpr bool kRowKernel = true;
 
     score_transform tf;
     const float* sinks = nullptr;
@@ -46,6 +53,11 @@ struct softmax_rows {
                                          const float* hi, float* state, index_t stride,
                                          const simd::vfloat<A>* block_max, simd::vfloat<A>* alpha) const {
         softmax_panel<A>(st, n_keys, j0, masked, lo, hi, tf, state, state + stride, block_max, alpha);
+    }
+    template <class A>
+    ATTNKIT_ALWAYS_INLINE float row_weights(float* s, index_t n_keys, index_t a, index_t z, float* state,
+                                            index_t stride) const {
+        return softmax_row<A>(s, n_keys, a, z, tf, state[0], state[stride]);
     }
     float emit_scale(const float* state, index_t stride) const { return row_inv_sum(state[stride]); }
     float summary(const float* state, index_t stride) const { return row_lse(state[0], state[stride]); }

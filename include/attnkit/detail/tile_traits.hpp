@@ -48,7 +48,9 @@ struct tile_traits {
 template <class A>
 constexpr index_t kRowKernelMaxRows = tile_traits<A>::kTileRows / 2;
 
-// Keys per block in the row kernel: scores of one block fit in a small stack array.
+// Keys per block in the row kernel (row_kernel.hpp): the block's scores ([rows][keys]) stay in
+// L1, and the policy's per-block bookkeeping (softmax: the max, the rescale of the output rows)
+// is paid once per 64 keys.
 constexpr index_t kRowBlockKeys = 64;
 
 // Split-KV: aim for at least this many independent work items so that a few heads still feed

@@ -14,7 +14,6 @@ namespace taylor {
 
 struct quadratic_rows {
     static constexpr int kStateArrays = 1;  // l: the running sum of w
-    static constexpr bool kRowKernel = false;
 
     float eps = 1e-6f;
 
@@ -52,6 +51,30 @@ struct quadratic_rows {
             simd::storeu(state + n * W, simd::loadu<A>(state + n * W) + sum);
             alpha[n] = one;
         }
+    }
+    // The row kernel's block: weights of the visible keys only (the kernel skips the others).
+    template <class A>
+    ATTNKIT_ALWAYS_INLINE float row_weights(float* s, index_t /*n_keys*/, index_t a, index_t z, float* state,
+                                            index_t /*stride*/) const {
+        using V = simd::vfloat<A>;
+        constexpr index_t W = simd::kLanes<A>;
+        const V one(1.0f), half(0.5f);
+        V sum(0.0f);
+        index_t j = a;
+        for (; j + W <= z; j += W) {
+            const V x = simd::loadu<A>(s + j);
+            const V w = simd::fma(x, simd::fma(x, half, one), one);
+            simd::storeu(s + j, w);
+            sum += w;
+        }
+        float total = simd::hsum(sum);
+        for (; j < z; ++j) {
+            const float x = s[j];
+            s[j] = x * (x * 0.5f + 1.0f) + 1.0f;
+            total += s[j];
+        }
+        state[0] += total;
+        return 1.0f;
     }
     float emit_scale(const float*, index_t) const { return 1.0f; }
     float summary(const float* state, index_t) const { return state[0]; }

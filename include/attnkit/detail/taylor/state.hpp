@@ -56,7 +56,6 @@
 #include "attnkit/detail/taylor/cost_model.hpp"
 #include "attnkit/detail/taylor/linear.hpp"
 #include "attnkit/detail/taylor/quadratic.hpp"
-#include "attnkit/detail/taylor/quadratic_rows_kernel.hpp"
 #include "attnkit/detail/taylor/token_cache.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
@@ -164,7 +163,7 @@ class taylor_state {
     // comes first).
     void quadratic_step(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
                         const view<float, 4>& out, index_t T) {
-        const index_t D = dim_, Dv = dim_v_, N = length_ + T, G = heads_ / heads_kv_;
+        const index_t D = dim_, Dv = dim_v_, N = length_ + T;
         cache_.reserve(N, length_, kChunk,
                        form_ == taylor_form::quadratic ? detail::taylor::kMaxQuadraticKeys : crossover_ - 1);
         cache_.append(k, v, length_);
@@ -175,21 +174,9 @@ class taylor_state {
         p.v = cache_.v_rows();
         p.q_scale = scale_;
         p.causal = true;
-        if (length_ == 0 || T * G > detail::kRowKernelMaxRows<A>) {  // a first step: the call's bits
-            detail::forward_outputs fo;
-            fo.out = out;
-            detail::attention_forward<A>(p, detail::taylor::quadratic_rows{eps_}, fo, pool_);
-            return;
-        }
-        // Decode: too few rows for a tile's lanes; the row walks, one item per key/value head.
-        parallel_for(pool_, items(), [&](std::int64_t item) {
-            detail::row_block rb;
-            rb.b = item / heads_kv_, rb.hk = item % heads_kv_, rb.n_hk = 1, rb.i0 = 0, rb.n_pos = T, rb.group = G;
-            std::vector<float> buf;
-            detail::taylor::quadratic_row_kernel<A>(p, rb, eps_, buf, [&](index_t r, const float* o) {
-                std::copy_n(o, Dv, out.ptr(rb.b, rb.pos(r), rb.head(r)));
-            });
-        });
+        detail::forward_outputs fo;
+        fo.out = out;
+        detail::attention_forward<A>(p, detail::taylor::quadratic_rows{eps_}, fo, pool_);
     }
 
     // Quadratic -> linear: every full chunk of the cache enters S in position order, each summed
