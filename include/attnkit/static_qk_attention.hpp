@@ -18,7 +18,7 @@
 // Threads: the engine's partition, (key/value head, query block) with every value set inside;
 // bitwise identical for any pool.
 //
-// The map (detail/static_qk/map.hpp) stores H * Lmax (Lmax + 1) / 2 floats = 2 H Lmax (Lmax + 1)
+// The map (static_attention_map.hpp) stores H * Lmax (Lmax + 1) / 2 floats = 2 H Lmax (Lmax + 1)
 // bytes and skips the scores on every call: the choice for decode and repeated calls.
 #pragma once
 
@@ -29,7 +29,7 @@
 
 #include "attnkit/detail/attention_driver.hpp"
 #include "attnkit/detail/static_qk/check.hpp"
-#include "attnkit/detail/static_qk/map.hpp"
+#include "attnkit/static_attention_map.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/view.hpp"
 

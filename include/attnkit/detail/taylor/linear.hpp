@@ -10,14 +10,10 @@
 //
 // Feature map or three-state split: the split's terms (sum v, sum k v^T, sum vec(k k^T) v^T)
 // are rows of the same state; what matters is how many rows the D^2 term has. The symmetric
-// map (a <= b) has D(D+1)/2, the plain split D^2: measured on this machine (Zen 2, AVX2,
-// bench taylor_linear_full vs taylor_linear, L = 4096, D = 64, causal, 1 thread, same run)
-// the full split takes 1.7-1.8x as long (1309 vs 754 ms; D = 128: 4380 vs 3609 ms), close to
-// its FLOP ratio (4161 vs 2145 features), since both run the same micro-kernels at about the
-// same efficiency. So the symmetric feature map, with the query-side coefficients
-// (features.hpp) so that the key side, summed into the state, needs no multiply.
-// Measured efficiency (1 thread, quiet machine): 60-72% of the FMA peak at L >= 2048, about
-// that of the quadratic form; linear / quadratic time at L = 16384, D = 64, causal: 1/3.45.
+// map (a <= b) has D(D+1)/2, the plain split D^2, and both run the same micro-kernels at about
+// the same efficiency, so their times go as their FLOPs (at D = 64, 2145 against 4161
+// features). So the symmetric feature map, with the query-side coefficients (features.hpp) so
+// that the key side, summed into the state, needs no multiply.
 //
 // Threads: work items are (batch, key/value head, segment of chunks). With few heads the chunks
 // are split into segments (a number that depends on the shapes only): a first pass sums each

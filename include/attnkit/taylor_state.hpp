@@ -7,10 +7,10 @@
 //
 // Two forms, as taylor_attention (opts.form; automatic is the default):
 //   quadratic  a K/V cache (row-major per batch item and key/value head, capacity doubling);
-//              a step is one causal call of its T queries against the cache, O(T L (D + Dv)):
-//              taylor_attention's driver and tile engine with quadratic_rows, or, for a later
-//              step of T G <= kRowKernelMaxRows rows (decode), the row walks
-//              (quadratic_rows_kernel.hpp: head dim in lanes, K and V read once).
+//              a step is one causal call of its T queries against the cache, O(T L (D + Dv)),
+//              through taylor_attention's driver with quadratic_rows: the tile kernel, or, for
+//              a step of T G <= kRowKernelMaxRows rows (decode), the row kernel (head dim in
+//              lanes, K and V read once).
 //   linear     per batch item and key/value head S = sum phi(k) v^T, z = sum phi(k) over the
 //              completed chunks of 64 tokens (F = 1 + D + D(D+1)/2 rows of Dv + 1 floats,
 //              features.hpp) and the current chunk's K and V: O(T F Dv) per step at any length.
@@ -24,21 +24,21 @@
 // the linear form's order; the last length() % 64 tokens become the current chunk; the cache is
 // freed) before a step that reaches crossover(), or after a step once length() >= fold_length()
 // = min(crossover(), decode_fold_length): from there the cache would hold more than S, and a
-// decode step, bound by reading one or the other, would cost more (D = Dv = 64: 1090 tokens;
-// one thread, H = 8: 0.12 ms at 512 tokens, 0.22 at 1024, linear 0.24 ms at any length).
+// decode step, bound by reading one or the other, would cost more (D = Dv = 64: 1090 tokens).
 // form = linear: linear from the first token; form = quadratic: never folds (at most 2^24 - 1
 // tokens, as the quadratic form).
 //
 // Memory per batch item and key/value head (state_bytes(): what is allocated now): quadratic
 // 4 (D + Dv) bytes per token, capacity at most crossover() - 1 tokens (D = Dv = 64: 512 B per
-// token; automatic holds at most fold_length() + T - 1 of them, < 0.6 MB after the step); linear 4 (F' Dv' + 64 (D + Dv)) bytes whatever the length, F' and Dv' = Dv + 1
-// rounded up to the micro tile (D = Dv = 64: 0.59 MB).
+// token; automatic holds at most fold_length() + T - 1 of them, < 0.6 MB after the step); linear
+// 4 (F' Dv' + 64 (D + Dv)) bytes whatever the length, F' and Dv' = Dv + 1 rounded up to the
+// micro tile (D = Dv = 64: 0.59 MB).
 //
 // Bitwise (tests/taylor_state_test.cpp): a one-step prefill from an empty state is
-// taylor_attention(causal = true, form = automatic); after the fold every step of >= 2 tokens
-// gives the linear form's rows; other steps (later quadratic steps: the driver splits keys by
-// the shapes; the row walks; one-token linear reads) agree with one causal call to float
-// rounding (16 eps times the row's magnitude). Any thread count gives the same bits.
+// taylor_attention(causal = true, form = automatic) (the same driver and kernels); after the
+// fold every step of >= 2 tokens gives the linear form's rows; other steps (later quadratic
+// steps: the driver splits keys by the shapes; one-token linear reads) agree with one causal
+// call to float rounding (16 eps times the row's magnitude). Any thread count gives the same bits.
 //
 // opts: scale, eps, form and pool (causal is implied; key_lengths must be empty). A pool passed
 // in opts must outlive the state. A bad step throws std::invalid_argument naming the argument
@@ -63,6 +63,12 @@
 
 namespace attnkit {
 
+// Steps of any length; the outputs are those of one causal taylor_attention call over every
+// token so far:
+//
+//   attnkit::taylor_state st(1, 8, 8, 64, 64);   // batch, heads, heads_kv, dim, dim_v
+//   st.step(q_prompt, k_prompt, v_prompt, out_prompt);   // T = prompt length
+//   st.step(q_tok, k_tok, v_tok, out_tok);               // T = 1 per generated token
 class taylor_state {
     using A = simd::default_arch;
     static constexpr index_t kChunk = detail::taylor::kChunk;
