@@ -26,7 +26,7 @@
 // = min(crossover(), decode_fold_length): from there the cache would hold more than S, and a
 // decode step, bound by reading one or the other, would cost more (D = Dv = 64: 1090 tokens).
 // form = linear: linear from the first token; form = quadratic: never folds (at most 2^24 - 1
-// tokens, as the quadratic form).
+// tokens, as the quadratic form) and never builds the feature table of the linear form.
 //
 // Memory per batch item and key/value head (state_bytes(): what is allocated now): quadratic
 // 4 (D + Dv) bytes per token, capacity at most crossover() - 1 tokens (D = Dv = 64: 512 B per
@@ -86,7 +86,7 @@ class taylor_state {
           fold_length_(opts.form == taylor_form::automatic
                            ? std::min(crossover_, detail::taylor::decode_fold_length(dim, dim_v))
                            : crossover_),
-          features_(dim, detail::tile_traits<A>::kMR),
+          features_(linear_features(batch, heads_kv, dim, dim_v, opts.form)),
           dvp_(detail::taylor::chunk_buffers<A>(dim, dim_v, 0, 0).dvp),
           per_item_(features_.padded * dvp_ + kChunk * (dim + dim_v)), cache_(batch, heads_kv, dim, dim_v) {
         if (form_ == taylor_form::linear) start_linear();
@@ -134,6 +134,34 @@ class taylor_state {
     }
 
     index_t items() const { return batch_ * heads_kv_; }
+
+    // The linear form's feature table, built only when the form may run (form = quadratic never
+    // needs its F = 1 + D + D(D+1)/2 rows). Its sizes, and S with the current chunk per item
+    // (F' (Dv + 1) + 64 (D + Dv) floats), must be countable: else dim is out of reach of the
+    // linear form, and the state says so (form = quadratic has no such limit).
+    static detail::taylor::feature_table linear_features(index_t batch, index_t heads_kv, index_t dim, index_t dim_v,
+                                                         taylor_form form) {
+        if (form == taylor_form::quadratic) return {};
+        constexpr index_t kMaxFloats = index_t(1) << 60;  // bytes of the state still fit in index_t
+        constexpr int kMR = detail::tile_traits<A>::kMR;
+        const index_t dvp = detail::taylor::chunk_buffers<A>(1, dim_v, 0, 0).dvp;
+        // dim < 2^30: the table's int32 indices, and F < 2^60 without overflow on the way.
+        bool fits = dim < (index_t(1) << 30) && dim_v < kMaxFloats / kChunk;
+        if (fits) {
+            const index_t f = 1 + dim + dim * (dim + 1) / 2, fp = (f + kMR - 1) / kMR * kMR;
+            fits = fp <= kMaxFloats / dvp;
+            if (fits) {
+                const index_t per_item = fp * dvp + kChunk * (dim + dim_v);
+                fits = per_item <= kMaxFloats / std::max<index_t>(1, batch) / heads_kv;
+            }
+        }
+        if (!fits)
+            detail::fail("dim: the linear form of taylor_state holds 1 + D + D(D+1)/2 feature rows of Dv + 1 floats "
+                         "per batch item and key/value head, too many to count for batch " + std::to_string(batch) +
+                         ", heads_kv " + std::to_string(heads_kv) + ", dim " + std::to_string(dim) + ", dim_v " +
+                         std::to_string(dim_v) + " (form = quadratic needs no such state)");
+        return detail::taylor::feature_table(dim, kMR);
+    }
 
     void start_linear() {
         // + kLanes: read_row reads whole vectors past the last state row.

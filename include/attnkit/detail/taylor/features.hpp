@@ -42,6 +42,7 @@ struct feature_table {
     std::vector<std::int32_t> a, b;
     std::vector<float> coef;  // query side
 
+    feature_table() = default;  // no features: a state that never runs the linear form
     feature_table(index_t d, index_t multiple, feature_split split = feature_split::symmetric) : dim(d) {
         auto add = [&](index_t x, index_t y, float c) {
             a.push_back(static_cast<std::int32_t>(x));
