@@ -32,7 +32,7 @@ struct tile_traits {
     // see none of a key block skip it, so large blocks cost nothing extra on a causal diagonal.
     static constexpr index_t kBlockPanelBytes = 256 * 1024;
     static constexpr index_t kMinBlockRows = 4 * kTileRows;
-    static constexpr index_t kMaxBlockRows = 256;  // measured: 512 rows at D = 64 ran 15% slower
+    static constexpr index_t kMaxBlockRows = 256;  // more rows ran slower (docs/benchmarks.md)
     static index_t block_rows(index_t dim, index_t dim_v) {
         const index_t rows = kBlockPanelBytes / (static_cast<index_t>(sizeof(float)) * (dim + dim_v));
         const index_t clamped = rows < kMinBlockRows ? kMinBlockRows : (rows > kMaxBlockRows ? kMaxBlockRows : rows);

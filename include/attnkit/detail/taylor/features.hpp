@@ -1,5 +1,5 @@
 // The feature map of the linear Taylor form and the chunk step that both the linear kernel
-// (linear.hpp) and taylor_state (state.hpp) run.
+// (linear.hpp) and taylor_state (taylor_state.hpp) run.
 //
 // Features are products of two entries of the augmented vector x~ = [x, 1] (index D is the
 // constant 1): with q~ = [scale q, 1] and k~ = [k, 1], q~·k~ = 1 + s and
