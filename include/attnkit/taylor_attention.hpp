@@ -11,7 +11,10 @@
 //
 // Conventions are the softmax ones: BSHD, GQA by index, causal bottom-right, key_lengths, the
 // caller's thread pool, bitwise identical results for any thread count. A row that sees no key
-// outputs zeros. Arguments are validated before anything is written: everything
+// outputs zeros. Scores past float's reach for w = 1 + s + s^2/2 (|s| ~ 2.6e19 and up) still
+// give finite rows: the quadratic form computes a row that overflowed again with scores and
+// weights scaled by exact powers of two, the linear form scales queries and keys past 2^20 the
+// same way before they enter the features. Arguments are validated before anything is written: everything
 // softmax_attention rejects, plus eps negative or non-finite.
 //
 // Forms (opts.form), two exact algorithms for the same outputs:
