@@ -94,6 +94,35 @@ TEST(softmax_attention, logits_of_magnitude_1e4) {
     }
 }
 
+// Values near FLT_MAX: the output is a convex combination of them, representable, while the
+// unnormalised sum over keys (weights up to 1 each) is not. Rows whose output overflowed are
+// computed again with their weights scaled down by a power of two (exactly); the other rows keep
+// their bits. Row kernel (Lq = 1), tile kernel (Lq = 40), split-KV (Lk = 3000), sinks.
+TEST(softmax_attention, values_near_float_max_stay_finite) {
+    struct cfg {
+        index_t Lq, Lk, H;
+        bool sinks;
+    };
+    const float big = std::numeric_limits<float>::max() / 2;
+    for (const cfg& g : {cfg{1, 2, 1, false}, cfg{40, 2, 2, false}, cfg{1, 3000, 1, false}, cfg{3, 700, 2, true},
+                         cfg{40, 300, 2, true}}) {
+        SCOPED_TRACE(::testing::Message() << "Lq " << g.Lq << " Lk " << g.Lk << " sinks " << g.sinks);
+        const index_t D = 8, Dv = 5;
+        tensor4<float> q = random_bshd(1, g.Lq, g.H, D, distribution::gaussian, 95);
+        tensor4<float> k = random_bshd(1, g.Lk, g.H, D, distribution::gaussian, 96);
+        tensor4<float> v = random_bshd(1, g.Lk, g.H, Dv, distribution::uniform, 97);
+        q = q * 0.01f;  // nearly equal weights: the sum over keys is ~Lk times the values
+        for (index_t i = 0; i < v.size(); ++i) v.data()[i] = big * (1.5f + 0.25f * v.data()[i]);  // 1.25 .. 1.75 x
+        softmax_options o;
+        if (g.sinks) o.sinks.assign(static_cast<std::size_t>(g.H), -3.0f);
+        const fast_result got = run_fast(q, k, v, o);
+        const ref_result want = run_reference(q, k, v, o);
+        for (index_t i = 0; i < got.out.size(); ++i) ASSERT_TRUE(std::isfinite(got.out.data()[i])) << i;
+        EXPECT_TRUE(all_close(got.out, want.out, tolerance_for(kOutEps, max_abs(v)))) << "out";
+        EXPECT_TRUE(all_close(got.lse, want.lse, lse_tolerance(q, k, o))) << "lse";
+    }
+}
+
 TEST(softmax_attention, equal_logits_of_plus_and_minus_1e4) {
     // Every key is the same vector u, q = +-c u: a row's scores all equal +-1e4, so the weights
     // are exactly uniform and lse = +-1e4 + log(Lk). Checks exp underflow of exp(-1e4) handling.

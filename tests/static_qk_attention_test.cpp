@@ -294,7 +294,7 @@ TEST(static_attention_map, from_weights_ignores_upper_triangle) {
         const static_attention_map map = static_attention_map::from_weights(w, hk);
         EXPECT_EQ(Lmax, map.max_length());
         EXPECT_EQ(H, map.heads());
-        EXPECT_EQ(Hk, map.heads_kv());
+        EXPECT_EQ(hk, map.heads_kv());  // 0: taken from v
         tensor4<float> out = make_bshd<float>(B, L, H, Dv, kSentinel);
         map.apply(v, out);
         tensor4<double> want = make_bshd<double>(B, L, H, Dv);
@@ -313,6 +313,44 @@ TEST(static_attention_map, from_weights_ignores_upper_triangle) {
                 }
         EXPECT_TRUE(all_close(out, want, tolerance_for(kK, mag)));
     }
+}
+
+// from_weights(w) without heads_kv reads the key/value heads from v, as every other entry point
+// does (GQA by index: query head h reads value head h / (H / Hk)); one map serves v with H, H / 2
+// or 1 heads. A v whose heads do not divide H is rejected, naming v, before anything is written.
+TEST(static_attention_map, from_weights_reads_kv_heads_from_v) {
+    const index_t H = 4, Lmax = 2 * W + 3, L = Lmax - 2, B = 2, Dv = W + 3;
+    Eigen::Tensor<float, 3, Eigen::RowMajor> w(H, Lmax, Lmax);
+    fill_random(w, distribution::gaussian, 410);
+    const static_attention_map map = static_attention_map::from_weights(w);
+    EXPECT_EQ(0, map.heads_kv());  // taken from v
+    for (index_t Hk : {H, H / 2, index_t(1)}) {
+        SCOPED_TRACE(Hk);
+        const tensor4<float> v = random_bshd(B, L, Hk, Dv, distribution::gaussian, 411 + Hk);
+        tensor4<float> out = make_bshd<float>(B, 3, H, Dv, kSentinel);  // the last 3 rows
+        map.apply(v, out);
+        tensor4<double> want = make_bshd<double>(B, 3, H, Dv);
+        double mag = 0;
+        for (index_t b = 0; b < B; ++b)
+            for (index_t t = 0; t < 3; ++t)
+                for (index_t h = 0; h < H; ++h) {
+                    const index_t i = L - 3 + t;
+                    double row = 0;
+                    for (index_t j = 0; j <= i; ++j) row += std::fabs(w(h, i, j));
+                    mag = std::max(mag, row * max_abs(v));
+                    for (index_t c = 0; c < Dv; ++c) {
+                        double acc = 0;
+                        for (index_t j = 0; j <= i; ++j) acc += double(w(h, i, j)) * v(b, j, h / (H / Hk), c);
+                        want(b, t, h, c) = acc;
+                    }
+                }
+        EXPECT_TRUE(all_close(out, want, tolerance_for(kK, mag)));
+    }
+    const tensor4<float> v3 = random_bshd(B, L, 3, Dv, distribution::gaussian, 420);
+    tensor4<float> out = make_bshd<float>(B, 1, H, Dv, kSentinel);
+    expect_invalid([&] { map.apply(v3, out); }, "v: key/value heads Hk = 3 must divide");
+    EXPECT_TRUE(all_equal_to(out, kSentinel));
+    // A map of a stream keeps its k_fixed's heads: v must have them (tested in rejects_bad_input).
 }
 
 TEST(static_attention_map, bitwise_identical_for_any_thread_count) {

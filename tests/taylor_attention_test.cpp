@@ -260,6 +260,33 @@ TEST(extreme, large_scores_and_nan_isolation) {
     }
 }
 
+// Scores ~1e20: w = 1 + s + s^2/2 ~ 1e40 is past float, the output (a weighted mean of v) is not.
+// Quadratic form: rows that overflowed are computed again with their scores scaled by an exact
+// power of two (the weights by its square, eps with them); other rows keep their bits. Linear
+// form: queries and keys past 2^20 are scaled by exact powers of two before they enter the
+// features (the state and the weights by their squares). Both match the double reference to
+// float rounding of the scores. Row kernel, tile kernel, split-KV, causal, segments.
+TEST(extreme, scores_of_1e20_stay_finite) {
+    for (const taylor_case& c : {taylor_case{1, 1, 2, 1, 1, 4, 3, false, {}, distribution::uniform},
+                                 taylor_case{1, 40, 40, 2, 1, 4, 5, true, {}, distribution::uniform},
+                                 taylor_case{1, 1, 3000, 2, 2, 4, 5, false, {}, distribution::uniform},
+                                 taylor_case{2, 3, 700, 2, 1, 8, 3, true, {}, distribution::uniform}}) {
+        SCOPED_TRACE(name_of(c));
+        inputs in = make_inputs(c, 17);
+        // Positive q and k (no cancellation in the scores), |q| |k| ~ 1e20 over D terms.
+        for (index_t i = 0; i < in.q.size(); ++i) in.q.data()[i] = 1e10f * (1.5f + 0.5f * in.q.data()[i]);
+        for (index_t i = 0; i < in.k.size(); ++i) in.k.data()[i] = 1e10f * (1.5f + 0.5f * in.k.data()[i]);
+        for (taylor_form form : {taylor_form::quadratic, taylor_form::linear}) {
+            const taylor_options o = options_of(c, form);
+            const tensor4<float> got = run_fast(in, o);
+            const tensor4<double> want = run_reference(in, o);
+            for (index_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(got.data()[i])) << i;
+            EXPECT_TRUE(all_close(got, want, tolerance_for(4 * kOutEps, max_abs(in.v))))
+                << "form " << static_cast<int>(form);
+        }
+    }
+}
+
 TEST(threads, bitwise_identical) {
     const std::vector<taylor_case> cs = {{1, 300, 300, 4, 2, 32, 32, true, {}, distribution::gaussian},
                                          {1, 23, 1500, 2, 1, 16, 24, false, {}, distribution::uniform},

@@ -453,4 +453,20 @@ TEST(taylor_state, bad_construction) {
     expect_invalid([&] { taylor_state(1, 2, 2, 8, 8, o); }, "opts.form");
 }
 
+// The linear form's feature table has F = 1 + D + D(D+1)/2 rows: a form = quadratic state never
+// builds it (D = 2^31 constructs, holds nothing and steps nothing bigger than its cache), and a
+// state that may go linear rejects a D whose table or state cannot be counted, naming dim.
+TEST(taylor_state, huge_dim_builds_no_feature_table_unless_linear) {
+    const index_t D = index_t(1) << 31;
+    taylor_options o;
+    o.form = attnkit::taylor_form::quadratic;
+    const taylor_state st(1, 1, 1, D, 1, o);
+    EXPECT_EQ(0u, st.state_bytes());
+    EXPECT_EQ(attnkit::taylor_form::quadratic, st.form());
+    for (auto form : {attnkit::taylor_form::automatic, attnkit::taylor_form::linear}) {
+        o.form = form;
+        expect_invalid([&] { taylor_state(1, 1, 1, D, 1, o); }, "dim");
+    }
+}
+
 }  // namespace

@@ -93,7 +93,7 @@ attention_outputs<float> run_sets(const inputs& in, bool causal, const Policy& p
     fo.out = view<float, 4>(r.out.data(), {1, r.out.dimension(1), r.out.dimension(2), r.out.dimension(3)},
                             {0, r.out.dimension(2) * r.out.dimension(3), r.out.dimension(3), 1});
     fo.out_set_stride = r.out.dimension(1) * r.out.dimension(2) * r.out.dimension(3);
-    if (Policy::kRowKernel) {  // the softmax's lse, one per set
+    if (std::is_same<Policy, attnkit::detail::softmax_rows>::value) {  // the softmax's lse, one per set
         fo.lse = view<float, 3>(r.lse.data(), {1, r.lse.dimension(1), r.lse.dimension(2)},
                                 {0, r.lse.dimension(2), 1});
         fo.lse_set_stride = r.lse.dimension(1) * r.lse.dimension(2);

@@ -5,19 +5,23 @@
 //   attnkit::taylor_attention(q, k, v, out, opts);   q [B,Lq,H,D], k [B,Lk,Hk,D], v [B,Lk,Hk,Dv],
 //                                                    out [B,Lq,H,Dv]; opts: attnkit::taylor_options
 //   attnkit::taylor_state st(B, H, Hk, D, Dv, opts); st.step(q, k, v, out);   decode / chunked prefill
-//     (detail/taylor/state.hpp): a K/V cache and the quadratic form while it holds fewer bytes
-//     than S and below the causal crossover of its shapes (the cost model), then the linear
-//     form's state; opts.form = linear or quadratic keeps one form throughout.
+//     (taylor_state.hpp): a K/V cache and the quadratic form while it holds fewer bytes than S
+//     and below the causal crossover of its shapes (the cost model), then the linear form's
+//     state; opts.form = linear or quadratic keeps one form throughout.
 //
 // Conventions are the softmax ones: BSHD, GQA by index, causal bottom-right, key_lengths, the
 // caller's thread pool, bitwise identical results for any thread count. A row that sees no key
-// outputs zeros. Arguments are validated before anything is written: everything
+// outputs zeros. Scores past float's reach for w = 1 + s + s^2/2 (|s| ~ 2.6e19 and up) still
+// give finite rows: the quadratic form computes a row that overflowed again with scores and
+// weights scaled by exact powers of two, the linear form scales queries and keys past 2^20 the
+// same way before they enter the features. Arguments are validated before anything is written: everything
 // softmax_attention rejects, plus eps negative or non-finite.
 //
 // Forms (opts.form), two exact algorithms for the same outputs:
-//   quadratic  the tile engine of softmax_attention with the Taylor row policy
-//              (detail/taylor/quadratic.hpp): S^T = K Q^T on register tiles, w = 1 + s + s^2/2
-//              with a running sum per row, no max and no rescaling; O(Lq Lk (D + Dv)).
+//   quadratic  the engine of softmax_attention with the Taylor row policy
+//              (detail/taylor/quadratic.hpp): the tile kernel (S^T = K Q^T on register tiles)
+//              for prefill, the row kernel for decode, w = 1 + s + s^2/2 with a running sum
+//              per row, no max and no rescaling; O(Lq Lk (D + Dv)).
 //   linear     chunked feature-map form (detail/taylor/linear.hpp): a state
 //              S = sum phi(k) [v 1]^T of F = 1 + D + D(D+1)/2 features per key/value head;
 //              O((Lq H + Lk Hk) F Dv), independent of how many keys a query sees.
@@ -28,20 +32,17 @@
 // or update the state,
 //   t_quadratic = 2 P (D + Dv) / kQuadraticGflops
 //   t_linear    = 2 N F (Dv + 1) / kLinearGflops + (causal: the chunk-local quadratic part)
-// The two constants are effective FLOP rates measured with bench/taylor_attention_bench
-// (B = 1, H = 8, 1 thread, this machine: AMD EPYC Zen 2, AVX2 + FMA); see "Crossover" below.
+// The two constants are effective FLOP rates of the two forms' kernels, measured with
+// bench/taylor_attention_bench (the runs and the crossovers they give are in
+// docs/benchmarks.md).
 //
-// Crossover: the L from which the linear form is faster (B = 1, H = Hk = 8, Lq = Lk = L,
-// 1 thread; bench/taylor_attention_bench medians, one run per L; the model's L in brackets).
-//   D = 64,  not causal: between 2048 and 4096 [2560]  (4096: linear 286 ms, quadratic 470 ms)
-//   D = 64,  causal:     between 4096 and 8192 [5120]  (4096: 288 vs 240 ms; 8192: 557 vs 957)
-//   D = 128, not causal: about 8192 [9728]             (8192: 3.70 vs 3.52 s; 16384: linear wins)
-//   D = 128, causal:     above 16384 [19456]           (8192: 3.61 vs 1.71 s; 16384: 16.3 vs 11.9)
-// Near a crossover the two forms take about the same time, so a choice on the wrong side of it
-// costs little; far from it the model is unambiguous (the linear form's cost grows with
-// D^2 Dv, the quadratic form's with L). The model counts GQA (the state update is per
-// key/value head), key_lengths and Lq != Lk; it ignores the thread count (both forms split
-// their work over the same pool).
+// Crossover: the quadratic form's cost grows with L (with L^2 over a whole sequence), the
+// linear form's with D^2 Dv, so the linear form wins from some L on, later for a larger D and
+// later under a causal mask (which halves the quadratic form's pairs but not the state's
+// work). Near a crossover the two forms take about the same time, so a choice on the wrong side
+// of it costs little; far from it the model is unambiguous. The model counts GQA (the state
+// update is per key/value head), key_lengths and Lq != Lk; it ignores the thread count (both
+// forms split their work over the same pool).
 #pragma once
 
 #include <algorithm>
@@ -55,15 +56,15 @@
 #include "attnkit/detail/taylor/cost_model.hpp"
 #include "attnkit/detail/taylor/linear.hpp"
 #include "attnkit/detail/taylor/quadratic.hpp"
-#include "attnkit/detail/taylor/state.hpp"
 #include "attnkit/options.hpp"
+#include "attnkit/taylor_state.hpp"
 #include "attnkit/view.hpp"
 
 namespace attnkit {
 namespace detail {
 namespace taylor {
 
-// The quadratic form on the tile engine: scale folded into the packed queries, the Taylor row
+// The quadratic form on the engine (tile kernel, row kernel for decode): scale folded into the queries, the Taylor row
 // policy, the softmax work partition (its split-KV pieces merge by addition).
 template <class A, class T>
 void quadratic_forward(const view<const T, 4>& q, const view<const T, 4>& k, const view<const T, 4>& v,

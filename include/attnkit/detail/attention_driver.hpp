@@ -6,7 +6,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attnkit/detail/row_kernel.hpp"
@@ -48,14 +51,11 @@ struct forward_plan {
     }
 };
 
-// allow_row_path: the policy has a row kernel; n_sets value sets share each row block. The block
-// is sized as for one set: a panel's O^T of every set is touched one panel at a time, so the
-// sets' panels need not sit in L2 together, while a bigger block reuses every K tile and the
-// sets' V tiles over more rows (measured, static QK, B = 8 / 16, L = 2048, D = 64: 112 / 64
-// rows 0.65x / 0.81x of softmax_attention's time, 256 rows 0.53x / 0.50x). An item carries
-// n_sets items' work and its split-KV partials are n_sets times larger, so it counts n_sets
-// times towards kTargetWorkItems (static QK, B = 8, L = 1024, 1 thread: split 0.73x of softmax's
-// time, unsplit 0.56x).
+// allow_row_path: the row kernel may take the call (one value set). n_sets value sets share
+// each row block. The block is sized as for one set: a panel's O^T of every set is touched one
+// panel at a time, so the sets' panels need not sit in L2 together, while a bigger block reuses
+// every K tile and the sets' V tiles over more rows. An item carries n_sets items' work and its
+// split-KV partials are n_sets times larger, so it counts n_sets times towards kTargetWorkItems.
 template <class A>
 forward_plan make_plan(const attention_shape& s, bool allow_row_path = true, index_t n_sets = 1) {
     forward_plan pl;
@@ -81,37 +81,83 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
                        thread_pool* pool) {
     const attention_shape& s = p.s;
     if (s.batch == 0 || s.len_q == 0) return;
-    // row_kernel.hpp implements the softmax (any storage type of simd/convert.hpp), one value set.
-    constexpr bool kRowKernel = Policy::kRowKernel;
+    // The row kernel (row_kernel.hpp) takes one value set; the tile kernel any number.
     const index_t n_sets = p.n_sets;
-    const forward_plan pl = make_plan<A>(s, kRowKernel && n_sets == 1, n_sets);
+    const forward_plan pl = make_plan<A>(s, n_sets == 1, n_sets);
     const index_t Dv = s.dim_v;
 
     scratch_slots scratch;
-    // emit(set, r, o, summary) for every row of the item.
-    auto run = [&](const row_block& rb, index_t ks0, index_t ks1, auto&& emit) {
+    // emit(set, r, o, summary) for every row of the item, under policy `rp` (pol or its rescaled()).
+    auto run = [&](const auto& rp, const row_block& rb, index_t ks0, index_t ks1, auto&& emit) {
         scratch_lease buf(scratch);
-        if constexpr (kRowKernel) {
-            if (pl.row_path) {
-                row_kernel<A>(p, rb, ks0, ks1, buf.get(), [&](index_t r, float* o, float lse) { emit(0, r, o, lse); });
-                return;
-            }
-        }
-        tile_kernel<A>(p, pol, rb, ks0, ks1, buf.get(), emit);
+        if (pl.row_path)
+            row_kernel<A>(p, rp, rb, ks0, ks1, buf.get(), [&](index_t r, float* o, float sum) { emit(0, r, o, sum); });
+        else
+            tile_kernel<A>(p, rp, rb, ks0, ks1, buf.get(), emit);
     };
-    auto write_final = [&](const row_block& rb, index_t set, index_t r, float* o, float summary) {
+    auto write = [&](const row_block& rb, index_t set, index_t r, const float* o, float summary) {
         const index_t h = rb.head(r), i = rb.pos(r);
-        pol.finish(o, summary, h, Dv);
-        float* dst = fo.out.ptr(rb.b, i, h) + set * fo.out_set_stride;
-        std::copy(o, o + Dv, dst);
+        std::copy(o, o + Dv, fo.out.ptr(rb.b, i, h) + set * fo.out_set_stride);
         if (fo.lse.data) fo.lse.ptr(rb.b, i, h)[set * fo.lse_set_stride] = summary;
+    };
+    // A finished row that is not finite (an element, or its summary: a Taylor sum past FLT_MAX)
+    // is held back: its item runs again with the rescaled policy (row_transform.hpp), and the
+    // row is written from both runs (combine). The item's query rows are intact then: out may
+    // be q, and the held rows have not been written. A -inf lse (no visible key) is finite here.
+    auto finite_summary = [](float summary) { return std::isfinite(summary) || summary == kNegInf; };
+    auto finite = [&](const float* o, float summary) {
+        if (!finite_summary(summary)) return false;
+        for (index_t c = 0; c < Dv; ++c)
+            if (!std::isfinite(o[c])) return false;
+        return true;
+    };
+    // Held rows of an item: (set, r), the first run's row and summary.
+    struct held_rows {
+        std::vector<std::pair<index_t, index_t>> at;
+        std::vector<float> o, summary;
+        void add(index_t set, index_t r, const float* x, float sum, index_t dv) {
+            at.emplace_back(set, r);
+            o.insert(o.end(), x, x + dv);
+            summary.push_back(sum);
+        }
+        std::ptrdiff_t find(index_t set, index_t r) const {
+            const auto i = std::find(at.begin(), at.end(), std::make_pair(set, r));
+            return i == at.end() ? -1 : i - at.begin();
+        }
+    };
+    // The first run's row where it is finite, the rescaled run's elsewhere: with a summary that
+    // is not finite (the row's sum overflowed) all of the second; else the elements that are not
+    // (values near FLT_MAX), so that an element made NaN by an input keeps the first run's row
+    // around it bit for bit.
+    auto combine = [&](const held_rows& h, std::ptrdiff_t i, float* o, float& summary) {
+        const float* first = h.o.data() + i * Dv;
+        const float first_sum = h.summary[static_cast<std::size_t>(i)];
+        if (!finite_summary(first_sum)) return;
+        for (index_t c = 0; c < Dv; ++c)
+            if (std::isfinite(first[c])) o[c] = first[c];
+        summary = first_sum;
     };
 
     if (pl.n_split == 1) {
         parallel_for(pool, pl.n_items, [&](index_t it) {
             const row_block rb = pl.item(s, it);
-            run(rb, 0, s.len_k,
-                [&](index_t set, index_t r, float* o, float summary) { write_final(rb, set, r, o, summary); });
+            held_rows held;
+            run(pol, rb, 0, s.len_k, [&](index_t set, index_t r, float* o, float summary) {
+                pol.finish(o, summary, rb.head(r), Dv);
+                if (finite(o, summary))
+                    write(rb, set, r, o, summary);
+                else
+                    held.add(set, r, o, summary, Dv);
+            });
+            if (held.at.empty()) return;
+            const Policy rp = pol.rescaled();
+            run(rp, rb, 0, s.len_k, [&](index_t set, index_t r, float* o, float summary) {
+                const std::ptrdiff_t i = held.find(set, r);
+                if (i < 0) return;
+                rp.finish(o, summary, rb.head(r), Dv);
+                combine(held, i, o, summary);
+                write(rb, set, r, o, summary);
+            });
         });
         return;
     }
@@ -129,26 +175,58 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
         const index_t it = w / pl.n_split, sp = w % pl.n_split;
         const row_block rb = pl.item(s, it);
         const index_t ks0 = sp * pl.split_len, ks1 = std::min(s.len_k, ks0 + pl.split_len);
-        run(rb, ks0, ks1, [&](index_t set, index_t r, float* o, float summary) {
+        run(pol, rb, ks0, ks1, [&](index_t set, index_t r, float* o, float summary) {
             const index_t at = part_row(it, sp, set, r);
             std::copy(o, o + Dv, part_o.data() + at * Dv);
             part_sum[static_cast<std::size_t>(at)] = summary;
         });
     });
+    // Row r of set `set`: its pieces merged in order and finished, into o.
+    auto merge_pieces = [&](const auto& rp, const float* po, const float* ps, auto&& row_of, const row_block& rb,
+                            index_t set, index_t r, float* o) {
+        const index_t first = row_of(0, set, r);
+        std::copy_n(po + first * Dv, Dv, o);
+        float summary = ps[first];
+        for (index_t sp = 1; sp < pl.n_split; ++sp) {
+            const index_t at = row_of(sp, set, r);
+            rp.merge(o, summary, po + at * Dv, ps[at], Dv);
+        }
+        rp.finish(o, summary, rb.head(r), Dv);
+        return summary;
+    };
     parallel_for(pool, pl.n_items, [&](index_t it) {
         const row_block rb = pl.item(s, it);
         std::vector<float> o(static_cast<std::size_t>(Dv));
+        held_rows held;
+        auto row_of = [&](index_t sp, index_t set, index_t r) { return part_row(it, sp, set, r); };
         for (index_t set = 0; set < n_sets; ++set)
             for (index_t r = 0; r < rb.rows(); ++r) {
-                const index_t first = part_row(it, 0, set, r);
-                std::copy_n(part_o.data() + first * Dv, Dv, o.data());
-                float summary = part_sum[static_cast<std::size_t>(first)];
-                for (index_t sp = 1; sp < pl.n_split; ++sp) {
-                    const index_t at = part_row(it, sp, set, r);
-                    pol.merge(o.data(), summary, part_o.data() + at * Dv, part_sum[static_cast<std::size_t>(at)], Dv);
-                }
-                write_final(rb, set, r, o.data(), summary);
+                const float summary = merge_pieces(pol, part_o.data(), part_sum.data(), row_of, rb, set, r, o.data());
+                if (finite(o.data(), summary))
+                    write(rb, set, r, o.data(), summary);
+                else
+                    held.add(set, r, o.data(), summary, Dv);
             }
+        if (held.at.empty()) return;
+        // Every piece of the item again with the rescaled policy (pieces of one policy merge).
+        const Policy rp = pol.rescaled();
+        std::vector<float> ro(static_cast<std::size_t>(pl.n_split * n_sets * rows_max * Dv));
+        std::vector<float> rs(static_cast<std::size_t>(pl.n_split * n_sets * rows_max));
+        auto local_row = [&](index_t sp, index_t set, index_t r) { return (sp * n_sets + set) * rows_max + r; };
+        for (index_t sp = 0; sp < pl.n_split; ++sp) {
+            const index_t ks0 = sp * pl.split_len, ks1 = std::min(s.len_k, ks0 + pl.split_len);
+            run(rp, rb, ks0, ks1, [&](index_t set, index_t r, float* x, float summary) {
+                const index_t at = local_row(sp, set, r);
+                std::copy(x, x + Dv, ro.data() + at * Dv);
+                rs[static_cast<std::size_t>(at)] = summary;
+            });
+        }
+        for (std::size_t i = 0; i < held.at.size(); ++i) {
+            const index_t set = held.at[i].first, r = held.at[i].second;
+            float summary = merge_pieces(rp, ro.data(), rs.data(), local_row, rb, set, r, o.data());
+            combine(held, static_cast<std::ptrdiff_t>(i), o.data(), summary);
+            write(rb, set, r, o.data(), summary);
+        }
     });
 }
 

@@ -85,6 +85,39 @@ ATTNKIT_NOINLINE void softmax_panel(float* st, index_t n_keys, index_t j0, bool 
     }
 }
 
+// One row of the row kernel (row_kernel.hpp): s holds kRowBlockKeys scores of a block, the first
+// n_keys of them keys, [a, z) the ones the row sees. On return s holds p = 2^(s - m_new) (0 for
+// the keys it does not see), m and l are updated, and the factor for the output so far is
+// returned. The same guards as the panels: a row with nothing visible yet computes against 0.
+template <class A>
+ATTNKIT_ALWAYS_INLINE float softmax_row(float* s, index_t n_keys, index_t a, index_t z, const score_transform& tf,
+                                        float& m, float& l) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    constexpr index_t BK = kRowBlockKeys;
+    static_assert(BK % W == 0, "whole vectors per block");
+    if (tf.softcap > 0.0f) {
+        const float inv = 1.0f / tf.softcap, cap = tf.softcap * simd::kLog2e;
+        for (index_t j = 0; j < n_keys; ++j) s[j] = cap * std::tanh(s[j] * inv);
+    }
+    for (index_t j = 0; j < a; ++j) s[j] = kNegInf;
+    for (index_t j = z; j < BK; ++j) s[j] = kNegInf;
+    V mv(m);
+    for (index_t j = 0; j < BK; j += W) mv = simd::max(simd::loadu<A>(s + j), mv);
+    const float mx = simd::hmax(mv);
+    const float mu = mx == kNegInf ? 0.0f : mx;
+    const float alpha = simd::exp2(simd::scalar_float(m - mu)).v;
+    V sum(0.0f);
+    for (index_t j = 0; j < BK; j += W) {
+        const V e = simd::exp2_nonpositive(simd::loadu<A>(s + j) - V(mu));
+        simd::storeu(s + j, e);
+        sum += e;
+    }
+    l = l * alpha + simd::hsum(sum);
+    m = mx;
+    return alpha;
+}
+
 inline float row_inv_sum(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
 
 }  // namespace detail

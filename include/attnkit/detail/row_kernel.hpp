@@ -1,23 +1,24 @@
 // The row kernel for decode and short queries (a few rows per key/value head, long keys): the
-// head dim is in lanes, each score is one dot product, and the online softmax runs over the
-// keys of a block. Its cost is streaming K and V once, which is what decode is bound by, so
-// everything here serves that stream (measured on Zen 2, issue 6):
+// head dim is in lanes, each score is one dot product, and the row policy of row_transform.hpp
+// (softmax_rows, taylor::quadratic_rows, ...) turns each block of a row's scores into weights.
+// Its cost is streaming K and V once, which is what decode is bound by, so the walk serves that
+// stream and is the same for every policy:
 //  - K and V are read as kRowScoreKeys (kRowValueKeys) sequential streams per block: the keys
 //    of a step are nk / 8 apart, and within a step the heads run in memory order, so each
 //    stream walks its own run of rows front to back and every cache line is read once per call.
-//    With 4 KiB pages (no huge pages here) the hardware prefetchers stop at every page edge, so
-//    what a single core streams is set by how many pages it reads at once: consecutive keys
-//    (4 per step, the first version) kept 4 f32 pages (2 bf16 pages, each read out of order)
-//    in flight, 8.6 ms / 7.5 ms (bf16) at Lk = 16384, D = 128, H = 8, 1 thread; 8 streams
-//    kept 8 in flight, 6.8 ms / 4.2 ms (f32 20 GB/s, 16-bit 16-18 GB/s). Software prefetch on top
-//    measured no faster (it competes for the same miss buffers);
+//    With 4 KiB pages the hardware prefetchers stop at every page edge, so what one core streams
+//    is set by how many pages it reads at once: consecutive keys keep few pages in flight (and
+//    read 16-bit pages out of order), eight streams keep eight. Software prefetch on top adds
+//    nothing: it competes for the same miss buffers;
 //  - eight keys per step in both walks: eight independent FMA chains per score step, one load
 //    of q per eight FMAs, and one load and store of each output vector per eight keys (the
 //    value walk is store-bound otherwise);
 //  - no horizontal sum per key: a step's dot products leave as vectors and are reduced together
 //    by one transposing reduction (simd::hsum_each);
 //  - K and V stored as bfloat16 or half are converted in the loads (simd/convert.hpp): half the
-//    bytes, the same float arithmetic.
+//    bytes, the same float arithmetic;
+//  - keys a row does not see are skipped, never weighted by 0, so that a NaN or Inf in their
+//    rows stays out of it (0 * Inf = NaN).
 #pragma once
 
 #include <algorithm>
@@ -25,14 +26,12 @@
 #include <vector>
 
 #include "attnkit/detail/attention_problem.hpp"
+#include "attnkit/detail/tile_traits.hpp"
 #include "attnkit/simd/convert.hpp"
 
 namespace attnkit {
 namespace detail {
 
-// Keys per block: the block's scores ([rows][keys]) stay in L1, and the per-block bookkeeping
-// of the online softmax (max, rescale of the output rows) is paid once per 64 keys.
-constexpr index_t kRowKernelBlockKeys = 64;
 // Keys per step of both walks, nk / 8 apart (one per stream): the score walk reduces this many
 // dot products together, the value walk loads and stores each output vector once per this many
 // keys (store bandwidth bounds it otherwise).
@@ -190,34 +189,36 @@ ATTNKIT_ALWAYS_INLINE void axpy(float* o, float p, const T* v, index_t dim_v) {
     for (; c < dim_v; ++c) o[c] += p * simd::to_float(v[c]);
 }
 
-// emit(r, o_row, lse) receives each row's output normalised over keys [ks0, ks1) and its lse.
-// buf is reused scratch (any contents; resized and cleared here). Problem is an attention
-// problem whose q, k, v rows may be float, Eigen::bfloat16 or Eigen::half.
+// emit(r, o_row, summary) receives each row's output over keys [ks0, ks1), scaled by the
+// policy's emit_scale, with the policy's summary (softmax: normalised, and its lse). buf is
+// reused scratch (any contents; resized and cleared here). Problem is an attention problem whose
+// q, k, v rows may be float, Eigen::bfloat16 or Eigen::half; one value set.
 //
 // A block of nk keys is walked twice in the same order: first K for the scores, then, after the
-// block's softmax, V for the output. Step t takes the keys t + u * (nk / KG), u < KG (KU for V),
-// and within them runs head by head, so each of the KG streams reads its rows front to back;
-// the last nk % KG keys follow one at a time. Every line of K and V is read once.
-template <class A, class Problem, class Emit>
-void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1, std::vector<float>& buf,
-                Emit&& emit) {
-    using V = simd::vfloat<A>;
+// policy has turned each row's scores into weights, V for the output. Step t takes the keys
+// t + u * (nk / KG), u < KG (KU for V), and within them runs head by head, so each of the KG
+// streams reads its rows front to back; the last nk % KG keys follow one at a time. Every line
+// of K and V is read once.
+template <class A, class Policy, class Problem, class Emit>
+void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_t ks0, index_t ks1,
+                std::vector<float>& buf, Emit&& emit) {
     using KT = std::remove_const_t<std::remove_pointer_t<decltype(p.k.data)>>;
     using VT = std::remove_const_t<std::remove_pointer_t<decltype(p.v.data)>>;
     constexpr index_t W = simd::kLanes<A>;
-    constexpr index_t BK = kRowKernelBlockKeys;
+    constexpr index_t BK = kRowBlockKeys;
     constexpr index_t KU = kRowValueKeys;
     constexpr index_t KG = kRowScoreKeys;
     static_assert(BK % W == 0 && BK % KU == 0 && BK % KG == 0, "steps must tile the block");
     const index_t D = p.s.dim, Dv = p.s.dim_v, R = rb.rows(), RH = rb.rows_per_kv_head();
     const index_t Dp = (D + W - 1) / W * W;  // padded query rows: whole-vector loads
 
-    buf.assign(static_cast<std::size_t>(R * (Dp + Dv + BK)), 0.0f);
+    buf.assign(static_cast<std::size_t>(R * (Dp + Dv + BK + Policy::kStateArrays)), 0.0f);
     std::vector<index_t> lo(static_cast<std::size_t>(R)), hi(static_cast<std::size_t>(R));
-    std::vector<float> m(static_cast<std::size_t>(R), kNegInf), l(static_cast<std::size_t>(R), 0.0f);
     float* qs = buf.data();
     float* o = qs + R * Dp;
-    float* sc = o + R * Dv;  // scores, then probabilities, of the current block: [R][BK]
+    float* sc = o + R * Dv;  // scores, then weights, of the current block: [R][BK]
+    float* state = sc + R * BK;  // the policy's row state: kStateArrays arrays of R
+    pol.init(state, R);
     const index_t D2 = D / (2 * W) * (2 * W);  // whole chunks of simd::split_bf16x3
     std::vector<Eigen::bfloat16> qx(kDotBf16<A, KT> ? static_cast<std::size_t>(R * 3 * D2) : 0);
     auto qx_row = [&](index_t r) { return kDotBf16<A, KT> ? qx.data() + r * 3 * D2 : nullptr; };
@@ -262,30 +263,12 @@ void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1,
                     if (active(r)) sc[r * BK + j] = score_key<A>(qs + r * Dp, qx_row(r), kr, D);
             }
 
-        // Online softmax per row over the block.
+        // The policy per row over the block: weights of the visible keys [a, z), and the factor
+        // for the output so far.
         for (index_t r = 0; r < R; ++r) {
             if (!active(r)) continue;
-            float* s = sc + r * BK;
-            if (p.tf.softcap > 0.0f) {
-                const float inv = 1.0f / p.tf.softcap, cap = p.tf.softcap * simd::kLog2e;
-                for (index_t j = 0; j < nk; ++j) s[j] = cap * std::tanh(s[j] * inv);
-            }
-            for (index_t j = 0; j < nk; ++j)
-                if (j0 + j < lo[r] || j0 + j >= hi[r]) s[j] = kNegInf;
-            for (index_t j = nk; j < BK; ++j) s[j] = kNegInf;
-            V mv(m[r]);
-            for (index_t j = 0; j < BK; j += W) mv = simd::max(simd::loadu<A>(s + j), mv);
-            const float mx = simd::hmax(mv);
-            const float mu = mx == kNegInf ? 0.0f : mx;  // -inf guard, as in online_softmax.hpp
-            const float alpha = simd::exp2(simd::scalar_float(m[r] - mu)).v;
-            V sum(0.0f);
-            for (index_t j = 0; j < BK; j += W) {
-                const V e = simd::exp2_nonpositive(simd::loadu<A>(s + j) - V(mu));
-                simd::storeu(s + j, e);
-                sum += e;
-            }
-            l[r] = l[r] * alpha + simd::hsum(sum);
-            m[r] = mx;
+            const index_t a = std::max(lo[r], j0) - j0, z = std::min(hi[r], j0 + nk) - j0;
+            const float alpha = pol.template row_weights<A>(sc + r * BK, nk, a, z, state + r, R);
             if (alpha != 1.0f)
                 for (index_t c = 0; c < Dv; ++c) o[r * Dv + c] *= alpha;
         }
@@ -322,14 +305,14 @@ void row_kernel(const Problem& p, const row_block& rb, index_t ks0, index_t ks1,
 
     std::vector<float> natural(kPairOrder<A, VT> ? static_cast<std::size_t>(Dv) : 0);
     for (index_t r = 0; r < R; ++r) {
-        const float inv = row_inv_sum(l[r]);
+        const float scale = pol.emit_scale(state + r, R);
         float* orow = o + r * Dv;
-        for (index_t c = 0; c < Dv; ++c) orow[c] *= inv;
+        for (index_t c = 0; c < Dv; ++c) orow[c] *= scale;
         if constexpr (kPairOrder<A, VT>) {
             for (index_t c = 0; c < Dv; ++c) natural[static_cast<std::size_t>(c)] = orow[pair_pos<A>(c, Dv)];
             orow = natural.data();
         }
-        emit(r, orow, row_lse(m[r], l[r]));
+        emit(r, orow, pol.summary(state + r, R));
     }
 }
 

@@ -32,7 +32,7 @@ struct tile_traits {
     // see none of a key block skip it, so large blocks cost nothing extra on a causal diagonal.
     static constexpr index_t kBlockPanelBytes = 256 * 1024;
     static constexpr index_t kMinBlockRows = 4 * kTileRows;
-    static constexpr index_t kMaxBlockRows = 256;  // measured: 512 rows at D = 64 ran 15% slower
+    static constexpr index_t kMaxBlockRows = 256;  // more rows ran slower (docs/benchmarks.md)
     static index_t block_rows(index_t dim, index_t dim_v) {
         const index_t rows = kBlockPanelBytes / (static_cast<index_t>(sizeof(float)) * (dim + dim_v));
         const index_t clamped = rows < kMinBlockRows ? kMinBlockRows : (rows > kMaxBlockRows ? kMaxBlockRows : rows);
@@ -48,7 +48,9 @@ struct tile_traits {
 template <class A>
 constexpr index_t kRowKernelMaxRows = tile_traits<A>::kTileRows / 2;
 
-// Keys per block in the row kernel: scores of one block fit in a small stack array.
+// Keys per block in the row kernel (row_kernel.hpp): the block's scores ([rows][keys]) stay in
+// L1, and the policy's per-block bookkeeping (softmax: the max, the rescale of the output rows)
+// is paid once per 64 keys.
 constexpr index_t kRowBlockKeys = 64;
 
 // Split-KV: aim for at least this many independent work items so that a few heads still feed

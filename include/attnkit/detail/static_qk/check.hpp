@@ -114,10 +114,22 @@ stream_shape check_weights(const view<TW, 3>& w, index_t heads_k) {
     if (w.dims[0] < 1) fail("w: expected at least one head (layout [H, Lmax, Lmax]), got " + shape_string(w));
     if (w.dims[1] != w.dims[2])
         fail("w: expected a square mixing matrix per head, [H, Lmax, Lmax], got " + shape_string(w));
-    const index_t hk = heads_k == 0 ? w.dims[0] : heads_k;
-    if (hk < 1 || w.dims[0] % hk != 0)
-        fail("heads_kv: expected 0 (= H) or a divisor of H = " + str(w.dims[0]) + ", got " + str(heads_k));
-    return {w.dims[1], w.dims[0], hk, 0};
+    if (heads_k < 0 || (heads_k > 0 && w.dims[0] % heads_k != 0))
+        fail("heads_kv: expected 0 (v's, at apply) or a divisor of H = " + str(w.dims[0]) + ", got " + str(heads_k));
+    return {w.dims[1], w.dims[0], heads_k, 0};
+}
+
+// The key/value heads a map applies to v with: its own (a map of a stream: k_fixed's Hk; a
+// from_weights map given heads_kv), or, for heads_k = 0 (from_weights without heads_kv), v's,
+// which must divide H as everywhere else (GQA by index).
+template <class TV>
+index_t map_kv_heads(const view<TV, 4>& v, index_t heads, index_t heads_k) {
+    if (heads_k != 0) return heads_k;
+    const index_t hk = v.dims[2];
+    if (hk < 1 || heads % hk != 0)
+        fail("v: key/value heads Hk = " + str(hk) + " must divide the map's H = " + str(heads) +
+             " (layout [B, L, Hk, Dv]), got " + shape_string(v));
+    return hk;
 }
 
 }  // namespace static_qk

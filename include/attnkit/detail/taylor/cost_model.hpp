@@ -1,5 +1,5 @@
 // The cost model behind taylor_form::automatic (taylor_attention.hpp documents the constants and
-// the measured crossovers): taylor_attention picks a form per call, taylor_state runs a step in
+// the crossovers; the measured runs are in docs/benchmarks.md): taylor_attention picks a form per call, taylor_state runs a step in
 // the linear form from the causal crossover length of its shapes on, and folds its cached
 // tokens into the linear state once the cache outgrows S (decode_fold_length).
 #pragma once
@@ -80,9 +80,9 @@ inline index_t causal_crossover(index_t heads, index_t heads_kv, index_t dim, in
 
 // The decode break-even of a quadratic state: a decode step reads the whole cache, D + Dv floats
 // per token and key/value head, where a linear step reads S and z, F (Dv + 1) floats per
-// key/value head; both steps are bound by that read (one thread, D = Dv = 64, H = Hk = 8:
-// cache 0.11 ms per 512 tokens, S 0.24 ms). From this many tokens the cache is the larger, so a
-// state folds once it holds them (D = Dv = 64: 1090), whatever the prefill crossover.
+// key/value head; both steps are bound by that read. From this many tokens the cache is the
+// larger, so a state folds once it holds them (D = Dv = 64: 1090), whatever the prefill
+// crossover.
 inline index_t decode_fold_length(index_t dim, index_t dim_v) {
     const double D = static_cast<double>(dim), Dv = static_cast<double>(dim_v);
     const double F = 1.0 + D + D * (D + 1.0) / 2.0;

@@ -1,5 +1,5 @@
 // The feature map of the linear Taylor form and the chunk step that both the linear kernel
-// (linear.hpp) and taylor_state (state.hpp) run.
+// (linear.hpp) and taylor_state (taylor_state.hpp) run.
 //
 // Features are products of two entries of the augmented vector x~ = [x, 1] (index D is the
 // constant 1): with q~ = [scale q, 1] and k~ = [k, 1], q~·k~ = 1 + s and
@@ -42,6 +42,7 @@ struct feature_table {
     std::vector<std::int32_t> a, b;
     std::vector<float> coef;  // query side
 
+    feature_table() = default;  // no features: a state that never runs the linear form
     feature_table(index_t d, index_t multiple, feature_split split = feature_split::symmetric) : dim(d) {
         auto add = [&](index_t x, index_t y, float c) {
             a.push_back(static_cast<std::int32_t>(x));
@@ -151,15 +152,16 @@ struct chunk_buffers {
 // [n_vpanels][ld][RT] (zero past Dv and past n), ld = n rounded up to the lane count.
 template <class A, class KT, class VT>
 inline index_t pack_keys(chunk_buffers<A>& cb, const KT* k, index_t k_stride, const VT* v, index_t v_stride,
-                         index_t n) {
+                         index_t n, float k_factor = 1.0f) {
     constexpr index_t W = simd::kLanes<A>;
     constexpr index_t RT = chunk_buffers<A>::RT;
     const index_t ld = (n + W - 1) / W * W, D = cb.dim, Dv = cb.dim_v;
     std::fill(cb.kt.begin(), cb.kt.begin() + (D + 2) * ld, 0.0f);
     std::fill(cb.vt.begin(), cb.vt.begin() + cb.n_vpanels * ld * RT, 0.0f);
     for (index_t t = 0; t < n; ++t) {
-        for (index_t d = 0; d < D; ++d) cb.kt[static_cast<std::size_t>(d * ld + t)] = static_cast<float>(k[t * k_stride + d]);
-        cb.kt[static_cast<std::size_t>(D * ld + t)] = 1.0f;
+        for (index_t d = 0; d < D; ++d)
+            cb.kt[static_cast<std::size_t>(d * ld + t)] = static_cast<float>(k[t * k_stride + d]) * k_factor;
+        cb.kt[static_cast<std::size_t>(D * ld + t)] = k_factor;
         for (index_t c = 0; c < Dv; ++c)
             cb.vt[static_cast<std::size_t>((c / RT) * ld * RT + t * RT + c % RT)] = static_cast<float>(v[t * v_stride + c]);
     }
@@ -167,12 +169,17 @@ inline index_t pack_keys(chunk_buffers<A>& cb, const KT* k, index_t k_stride, co
 }
 
 // One query row (scaled) as lane r of Q~^T panel t; the caller zeroes the panels first.
+//
+// q_factor (here) and k_factor (pack_keys), powers of two, scale the augmented rows [q, 1] and
+// [k, 1]: every feature is of degree 2 in each, so a query's weights and the state come out
+// multiplied by q_factor^2 and k_factor^2 exactly, which keeps them in float for queries and
+// keys of magnitudes whose features (q_a q_b, k_a k_b, their products) would not be.
 template <class A, class QT>
-inline void pack_query(chunk_buffers<A>& cb, index_t r, const QT* q, float scale) {
+inline void pack_query(chunk_buffers<A>& cb, index_t r, const QT* q, float scale, float q_factor = 1.0f) {
     constexpr index_t RT = chunk_buffers<A>::RT;
     float* p = cb.q_panel(r / RT) + r % RT;
-    pack_q_row(q, cb.dim, scale, p, RT);
-    p[cb.dim * RT] = 1.0f;
+    pack_q_row(q, cb.dim, scale * q_factor, p, RT);
+    p[cb.dim * RT] = q_factor;
 }
 
 // The chunk step on state S [padded][dvp]: first O^T += S^T Phi_Q^T for the first n_panels

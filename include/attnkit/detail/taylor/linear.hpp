@@ -10,14 +10,10 @@
 //
 // Feature map or three-state split: the split's terms (sum v, sum k v^T, sum vec(k k^T) v^T)
 // are rows of the same state; what matters is how many rows the D^2 term has. The symmetric
-// map (a <= b) has D(D+1)/2, the plain split D^2: measured on this machine (Zen 2, AVX2,
-// bench taylor_linear_full vs taylor_linear, L = 4096, D = 64, causal, 1 thread, same run)
-// the full split takes 1.7-1.8x as long (1309 vs 754 ms; D = 128: 4380 vs 3609 ms), close to
-// its FLOP ratio (4161 vs 2145 features), since both run the same micro-kernels at about the
-// same efficiency. So the symmetric feature map, with the query-side coefficients
-// (features.hpp) so that the key side, summed into the state, needs no multiply.
-// Measured efficiency (1 thread, quiet machine): 60-72% of the FMA peak at L >= 2048, about
-// that of the quadratic form; linear / quadratic time at L = 16384, D = 64, causal: 1/3.45.
+// map (a <= b) has D(D+1)/2, the plain split D^2, and both run the same micro-kernels at about
+// the same efficiency, so their times go as their FLOPs (at D = 64, 2145 against 4161
+// features). So the symmetric feature map, with the query-side coefficients (features.hpp) so
+// that the key side, summed into the state, needs no multiply.
 //
 // Threads: work items are (batch, key/value head, segment of chunks). With few heads the chunks
 // are split into segments (a number that depends on the shapes only): a first pass sums each
@@ -27,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "attnkit/detail/attention_problem.hpp"
@@ -57,6 +54,9 @@ struct linear_sequence {
     const feature_table* ft;
     float eps;
     index_t b, hk;
+    // Powers of two for large queries and keys (pack_query): 2^-q_shift, 2^-k_shift; the weights
+    // come out times 2^-2 (q_shift + k_shift), the chunk's quadratic part and eps alike.
+    int q_shift = 0, k_shift = 0;
 
     index_t offset() const { return p->s.len_k - p->s.len_q; }
     index_t key_len() const { return p->key_lengths ? static_cast<index_t>(p->key_lengths[b]) : p->s.len_k; }
@@ -66,7 +66,7 @@ struct linear_sequence {
     index_t pack_chunk_keys(chunk_buffers<A>& cb, index_t c) const {
         const index_t j0 = c * kChunk, n = std::min(kChunk, key_len() - j0);
         if (n <= 0) return 0;
-        return pack_keys(cb, p->k.row(b, j0, hk), p->k.sl, p->v.row(b, j0, hk), p->v.sl, n);
+        return pack_keys(cb, p->k.row(b, j0, hk), p->k.sl, p->v.row(b, j0, hk), p->v.sl, n, std::ldexp(1.0f, -k_shift));
     }
 
     // Queries [i0, i1) (all G heads of hk) read S; causal: plus the quadratic form over the keys
@@ -76,10 +76,13 @@ struct linear_sequence {
         constexpr index_t RT = chunk_buffers<A>::RT;
         const index_t G = p->s.group(), Dv = p->s.dim_v, dvp = cb.dvp, rows = (i1 - i0) * G;
         const index_t n_panels = (rows + RT - 1) / RT;
+        quadratic_rows pol{eps};
+        pol.score_shift = q_shift + k_shift;
+        const float eps_w = std::ldexp(eps, -2 * pol.score_shift);
         std::fill(cb.qt.begin(), cb.qt.begin() + n_panels * (p->s.dim + 2) * RT, 0.0f);
         std::fill(cb.ot.begin(), cb.ot.begin() + n_panels * dvp * RT, 0.0f);
         for (index_t r = 0; r < rows; ++r)
-            pack_query(cb, r, p->q.row(b, i0 + r / G, hk * G + r % G), p->q_scale);
+            pack_query(cb, r, p->q.row(b, i0 + r / G, hk * G + r % G), p->q_scale, std::ldexp(1.0f, -q_shift));
         const index_t ld = update ? pack_chunk_keys(cb, c) : 0;
         chunk_step<A>(cb, *ft, S, n_panels, ld);
 
@@ -93,13 +96,13 @@ struct linear_sequence {
                 std::fill(o, o + Dv, 0.0f);
                 return;
             }
-            const float inv = 1.0f / (ot[Dv * RT] + intra_sum + eps);
+            const float inv = 1.0f / (ot[Dv * RT] + intra_sum + eps_w);
             for (index_t d = 0; d < Dv; ++d) o[d] = (ot[d * RT] + (intra ? intra[d] : 0.0f)) * inv;
         };
         if (p->causal && j0 < j1) {
             row_block rb;
             rb.b = b, rb.hk = hk, rb.n_hk = 1, rb.i0 = i0, rb.n_pos = i1 - i0, rb.group = G;
-            tile_kernel<A>(*p, quadratic_rows{eps}, rb, j0, j1, buf,
+            tile_kernel<A>(*p, pol, rb, j0, j1, buf,
                            [&](index_t, index_t r, const float* o_row, float sum) { write(r, o_row, sum); });
         } else {
             for (index_t r = 0; r < rows; ++r) write(r, nullptr, 0.0f);
@@ -120,6 +123,21 @@ inline chunk_buffers<A> make_chunk_buffers(const attention_shape& s, index_t que
     return chunk_buffers<A>(s.dim, s.dim_v, kChunk, (query_rows + RT - 1) / RT);
 }
 
+// The shift that brings the largest |x scale| of x below 1 when it is 2^20 or more, else 0:
+// features of degree 2 in q and in k (up to q^2 k^2) stay in float for inputs up to ~2^31 that
+// way, and ordinary inputs are not scaled at all. One pass over x, small beside the form's work.
+inline int large_shift(const view<const float, 4>& x, float scale) {
+    float mx = 0.0f;
+    for (index_t b = 0; b < x.dims[0]; ++b)
+        for (index_t i = 0; i < x.dims[1]; ++i)
+            for (index_t h = 0; h < x.dims[2]; ++h) {
+                const float* r = x.ptr(b, i, h);
+                for (index_t d = 0; d < x.dims[3]; ++d) mx = std::max(mx, std::fabs(r[d] * scale));
+            }
+    if (!(mx >= 1048576.0f) || !std::isfinite(mx)) return 0;
+    return std::min(std::ilogb(mx) + 1, 63);
+}
+
 template <class A>
 void linear_forward_split(const view<const float, 4>& q, const view<const float, 4>& k,
                           const view<const float, 4>& v, const view<float, 4>& out, const taylor_options& opts,
@@ -137,8 +155,9 @@ void linear_forward_split(const view<const float, 4>& q, const view<const float,
         1, std::min((kLinearTargetItems + items - 1) / std::max<index_t>(items, 1), n_chunks / kMinSegmentChunks));
     // Chunks [seg * n_chunks / n_seg, (seg + 1) * n_chunks / n_seg) form segment seg.
     auto seg_begin = [&](index_t seg) { return seg * n_chunks / n_seg; };
+    const int q_shift = large_shift(q, p.q_scale), k_shift = large_shift(k, 1.0f);
     auto sequence = [&](index_t item) {
-        return linear_sequence<A, float>{&p, out, &ft, opts.eps, item / s.heads_k, item % s.heads_k};
+        return linear_sequence<A, float>{&p, out, &ft, opts.eps, item / s.heads_k, item % s.heads_k, q_shift, k_shift};
     };
     if (s.len_q == 0) return;
 

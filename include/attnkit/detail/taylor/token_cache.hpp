@@ -1,6 +1,6 @@
-// The tokens a quadratic taylor_state holds (state.hpp): K [cap][D] and V [cap][Dv] per
+// The tokens a quadratic taylor_state holds (taylor_state.hpp): K [cap][D] and V [cap][Dv] per
 // (batch item, key/value head), row-major, so one item's keys are one contiguous run (the tile
-// engine's K tiles and the row walks read it front to back) and a fold reads whole chunks.
+// engine's K tiles and the row kernel's streams read it front to back) and a fold reads whole chunks.
 // Capacity doubles (amortised O(1) copy per token) up to a limit; the new buffers are filled
 // before they replace the old ones, so a failed allocation leaves the cache as it was.
 #pragma once

@@ -7,10 +7,10 @@
 //
 // Two forms, as taylor_attention (opts.form; automatic is the default):
 //   quadratic  a K/V cache (row-major per batch item and key/value head, capacity doubling);
-//              a step is one causal call of its T queries against the cache, O(T L (D + Dv)):
-//              taylor_attention's driver and tile engine with quadratic_rows, or, for a later
-//              step of T G <= kRowKernelMaxRows rows (decode), the row walks
-//              (quadratic_rows_kernel.hpp: head dim in lanes, K and V read once).
+//              a step is one causal call of its T queries against the cache, O(T L (D + Dv)),
+//              through taylor_attention's driver with quadratic_rows: the tile kernel, or, for
+//              a step of T G <= kRowKernelMaxRows rows (decode), the row kernel (head dim in
+//              lanes, K and V read once).
 //   linear     per batch item and key/value head S = sum phi(k) v^T, z = sum phi(k) over the
 //              completed chunks of 64 tokens (F = 1 + D + D(D+1)/2 rows of Dv + 1 floats,
 //              features.hpp) and the current chunk's K and V: O(T F Dv) per step at any length.
@@ -24,21 +24,21 @@
 // the linear form's order; the last length() % 64 tokens become the current chunk; the cache is
 // freed) before a step that reaches crossover(), or after a step once length() >= fold_length()
 // = min(crossover(), decode_fold_length): from there the cache would hold more than S, and a
-// decode step, bound by reading one or the other, would cost more (D = Dv = 64: 1090 tokens;
-// one thread, H = 8: 0.12 ms at 512 tokens, 0.22 at 1024, linear 0.24 ms at any length).
+// decode step, bound by reading one or the other, would cost more (D = Dv = 64: 1090 tokens).
 // form = linear: linear from the first token; form = quadratic: never folds (at most 2^24 - 1
-// tokens, as the quadratic form).
+// tokens, as the quadratic form) and never builds the feature table of the linear form.
 //
 // Memory per batch item and key/value head (state_bytes(): what is allocated now): quadratic
 // 4 (D + Dv) bytes per token, capacity at most crossover() - 1 tokens (D = Dv = 64: 512 B per
-// token; automatic holds at most fold_length() + T - 1 of them, < 0.6 MB after the step); linear 4 (F' Dv' + 64 (D + Dv)) bytes whatever the length, F' and Dv' = Dv + 1
-// rounded up to the micro tile (D = Dv = 64: 0.59 MB).
+// token; automatic holds at most fold_length() + T - 1 of them, < 0.6 MB after the step); linear
+// 4 (F' Dv' + 64 (D + Dv)) bytes whatever the length, F' and Dv' = Dv + 1 rounded up to the
+// micro tile (D = Dv = 64: 0.59 MB).
 //
 // Bitwise (tests/taylor_state_test.cpp): a one-step prefill from an empty state is
-// taylor_attention(causal = true, form = automatic); after the fold every step of >= 2 tokens
-// gives the linear form's rows; other steps (later quadratic steps: the driver splits keys by
-// the shapes; the row walks; one-token linear reads) agree with one causal call to float
-// rounding (16 eps times the row's magnitude). Any thread count gives the same bits.
+// taylor_attention(causal = true, form = automatic) (the same driver and kernels); after the
+// fold every step of >= 2 tokens gives the linear form's rows; other steps (later quadratic
+// steps: the driver splits keys by the shapes; one-token linear reads) agree with one causal
+// call to float rounding (16 eps times the row's magnitude). Any thread count gives the same bits.
 //
 // opts: scale, eps, form and pool (causal is implied; key_lengths must be empty). A pool passed
 // in opts must outlive the state. A bad step throws std::invalid_argument naming the argument
@@ -56,7 +56,6 @@
 #include "attnkit/detail/taylor/cost_model.hpp"
 #include "attnkit/detail/taylor/linear.hpp"
 #include "attnkit/detail/taylor/quadratic.hpp"
-#include "attnkit/detail/taylor/quadratic_rows_kernel.hpp"
 #include "attnkit/detail/taylor/token_cache.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
@@ -64,6 +63,12 @@
 
 namespace attnkit {
 
+// Steps of any length; the outputs are those of one causal taylor_attention call over every
+// token so far:
+//
+//   attnkit::taylor_state st(1, 8, 8, 64, 64);   // batch, heads, heads_kv, dim, dim_v
+//   st.step(q_prompt, k_prompt, v_prompt, out_prompt);   // T = prompt length
+//   st.step(q_tok, k_tok, v_tok, out_tok);               // T = 1 per generated token
 class taylor_state {
     using A = simd::default_arch;
     static constexpr index_t kChunk = detail::taylor::kChunk;
@@ -81,7 +86,7 @@ class taylor_state {
           fold_length_(opts.form == taylor_form::automatic
                            ? std::min(crossover_, detail::taylor::decode_fold_length(dim, dim_v))
                            : crossover_),
-          features_(dim, detail::tile_traits<A>::kMR),
+          features_(linear_features(batch, heads_kv, dim, dim_v, opts.form)),
           dvp_(detail::taylor::chunk_buffers<A>(dim, dim_v, 0, 0).dvp),
           per_item_(features_.padded * dvp_ + kChunk * (dim + dim_v)), cache_(batch, heads_kv, dim, dim_v) {
         if (form_ == taylor_form::linear) start_linear();
@@ -128,6 +133,34 @@ class taylor_state {
 
     index_t items() const { return batch_ * heads_kv_; }
 
+    // The linear form's feature table, built only when the form may run (form = quadratic never
+    // needs its F = 1 + D + D(D+1)/2 rows). Its sizes, and S with the current chunk per item
+    // (F' (Dv + 1) + 64 (D + Dv) floats), must be countable: else dim is out of reach of the
+    // linear form, and the state says so (form = quadratic has no such limit).
+    static detail::taylor::feature_table linear_features(index_t batch, index_t heads_kv, index_t dim, index_t dim_v,
+                                                         taylor_form form) {
+        if (form == taylor_form::quadratic) return {};
+        constexpr index_t kMaxFloats = index_t(1) << 60;  // bytes of the state still fit in index_t
+        constexpr int kMR = detail::tile_traits<A>::kMR;
+        const index_t dvp = detail::taylor::chunk_buffers<A>(1, dim_v, 0, 0).dvp;
+        // dim < 2^30: the table's int32 indices, and F < 2^60 without overflow on the way.
+        bool fits = dim < (index_t(1) << 30) && dim_v < kMaxFloats / kChunk;
+        if (fits) {
+            const index_t f = 1 + dim + dim * (dim + 1) / 2, fp = (f + kMR - 1) / kMR * kMR;
+            fits = fp <= kMaxFloats / dvp;
+            if (fits) {
+                const index_t per_item = fp * dvp + kChunk * (dim + dim_v);
+                fits = per_item <= kMaxFloats / std::max<index_t>(1, batch) / heads_kv;
+            }
+        }
+        if (!fits)
+            detail::fail("dim: the linear form of taylor_state holds 1 + D + D(D+1)/2 feature rows of Dv + 1 floats "
+                         "per batch item and key/value head, too many to count for batch " + std::to_string(batch) +
+                         ", heads_kv " + std::to_string(heads_kv) + ", dim " + std::to_string(dim) + ", dim_v " +
+                         std::to_string(dim_v) + " (form = quadratic needs no such state)");
+        return detail::taylor::feature_table(dim, kMR);
+    }
+
     void start_linear() {
         // + kLanes: read_row reads whole vectors past the last state row.
         state_.assign(static_cast<std::size_t>(items() * per_item_ + kLanes), 0.0f);
@@ -160,7 +193,7 @@ class taylor_state {
     // comes first).
     void quadratic_step(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
                         const view<float, 4>& out, index_t T) {
-        const index_t D = dim_, Dv = dim_v_, N = length_ + T, G = heads_ / heads_kv_;
+        const index_t D = dim_, Dv = dim_v_, N = length_ + T;
         cache_.reserve(N, length_, kChunk,
                        form_ == taylor_form::quadratic ? detail::taylor::kMaxQuadraticKeys : crossover_ - 1);
         cache_.append(k, v, length_);
@@ -171,21 +204,9 @@ class taylor_state {
         p.v = cache_.v_rows();
         p.q_scale = scale_;
         p.causal = true;
-        if (length_ == 0 || T * G > detail::kRowKernelMaxRows<A>) {  // a first step: the call's bits
-            detail::forward_outputs fo;
-            fo.out = out;
-            detail::attention_forward<A>(p, detail::taylor::quadratic_rows{eps_}, fo, pool_);
-            return;
-        }
-        // Decode: too few rows for a tile's lanes; the row walks, one item per key/value head.
-        parallel_for(pool_, items(), [&](std::int64_t item) {
-            detail::row_block rb;
-            rb.b = item / heads_kv_, rb.hk = item % heads_kv_, rb.n_hk = 1, rb.i0 = 0, rb.n_pos = T, rb.group = G;
-            std::vector<float> buf;
-            detail::taylor::quadratic_row_kernel<A>(p, rb, eps_, buf, [&](index_t r, const float* o) {
-                std::copy_n(o, Dv, out.ptr(rb.b, rb.pos(r), rb.head(r)));
-            });
-        });
+        detail::forward_outputs fo;
+        fo.out = out;
+        detail::attention_forward<A>(p, detail::taylor::quadratic_rows{eps_}, fo, pool_);
     }
 
     // Quadratic -> linear: every full chunk of the cache enters S in position order, each summed

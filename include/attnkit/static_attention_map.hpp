@@ -1,18 +1,23 @@
-// attnkit::static_attention_map: the fixed causal attention of RndEmbQK / FixedSeqQK, stored once.
+// attnkit::static_attention_map: the fixed causal attention of RndEmbQK / FixedSeqQK, stored once
+// (docs/variants.md section 4; static_qk_attention.hpp computes it without storing it).
 //
 //   attnkit::static_attention_map map(q_fixed, k_fixed, opts);   // q_fixed [1, Lmax, H, D], k_fixed [1, Lmax, Hk, D]
-//   auto mix = attnkit::static_attention_map::from_weights(w);   // w [H, Lmax, Lmax], used as it is
 //   map.apply(v, out, pool);        // v [B, L, Hk, Dv], L <= Lmax; out [B, T, H, Dv]: rows L - T .. L - 1
+//   auto mix = attnkit::static_attention_map::from_weights(w);   // w [H, Lmax, Lmax], used as it is
+//   mix.apply(v, out);              // v [B, L, Hk, Dv] with any Hk dividing H
 //
 // Storage: each head's lower-triangular probabilities, packed row by row (row i holds keys
-// 0..i): H * Lmax (Lmax + 1) / 2 floats, i.e. 2 H Lmax (Lmax + 1) bytes (bytes()): 67 MB for
-// H = 8, Lmax = 2048; 268 MB at Lmax = 4096. Row i depends only on the stream, never on L, so one
-// map serves every length up to Lmax, and a decode step (T = 1) is one row of each head against
-// the cache v.
+// 0..i): H * Lmax (Lmax + 1) / 2 floats, i.e. 2 H Lmax (Lmax + 1) bytes (bytes()). Row i
+// depends only on the stream, never on L, so one map serves every length up to Lmax, and a
+// decode step (T = 1) is one row of each head against the cache v.
+//
+// Key/value heads, GQA by index as everywhere (query head h reads value head h / (H / Hk)): a
+// map of a stream pairs its probabilities with k_fixed's Hk heads, so v must have those; a
+// from_weights map has no keys, so it reads Hk from v (any divisor of H), unless heads_kv is
+// given, which v must then match.
 //
 // from_weights takes any causal mixing matrix (a learned token-mixing layer, MLP-Mixer style):
-// the lower triangle is used as given (no normalisation), the upper triangle is ignored. Its map
-// has heads_kv = H unless given: value head h / (H / heads_kv) feeds query head h.
+// the lower triangle is used as given (no normalisation), the upper triangle is ignored.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +34,11 @@
 
 namespace attnkit {
 
+// Build once, apply to every batch and step:
+//
+//   attnkit::static_attention_map map(q_fixed, k_fixed);   // or static_attention_map::from_weights(w)
+//   map.apply(v, out);                                     // all L rows (out [B, L, H, Dv])
+//   map.apply(v_cache, out_step, &pool);                   // decode: the last row (out [B, 1, H, Dv])
 class static_attention_map {
    public:
     // Softmax probabilities of the stream (scale: opts.scale, 1/sqrt(D) when 0), built on opts.pool.
@@ -47,6 +57,7 @@ class static_attention_map {
     }
 
     // A given mixing matrix w [H, Lmax, Lmax] (float or double), lower triangle as it is.
+    // heads_kv: 0 reads the key/value heads from each apply's v; else a divisor of H that v must have.
     template <class W>
     static static_attention_map from_weights(const W& w, index_t heads_kv = 0) {
         namespace sq = detail::static_qk;
@@ -73,7 +84,8 @@ class static_attention_map {
         const auto vv = sq::v_view(v);
         const auto ov = detail::output_view<4>("out", std::forward<O>(out), "[B, T, H, Dv]");
         ATTNKIT_IF_FLOAT("attnkit::static_attention_map::apply: float v and out", vv, ov) {
-            const sq::values_shape s = sq::check_values(vv, ov, lmax_, heads_, heads_kv_, true, "map");
+            const index_t hk = sq::map_kv_heads(vv, heads_, heads_kv_);
+            const sq::values_shape s = sq::check_values(vv, ov, lmax_, heads_, hk, true, "map");
             // out shares no memory with v: an output row reads every value row up to its own.
             detail::check_outputs_apart({detail::region_of("out", ov)}, {detail::region_of("v", vv)});
             sq::apply_map<simd::default_arch>(p_.data(), lmax_, s, vv, ov, pool);
@@ -82,6 +94,7 @@ class static_attention_map {
 
     index_t max_length() const { return lmax_; }
     index_t heads() const { return heads_; }
+    // The key/value heads apply expects; 0 for a from_weights map that takes them from v.
     index_t heads_kv() const { return heads_kv_; }
     std::size_t bytes() const { return p_.size() * sizeof(float); }
     // Packed row i (< max_length()) of head h: the i + 1 weights of keys 0..i.
