@@ -439,6 +439,10 @@ struct report {
                     t.right.push_back(true);
                 }
         for (const auto& shape : shapes) {
+            // A row with no number in it is left out, and so is a table without rows: a program's
+            // layout applied to another program's JSON (the comparison suite's counters are not
+            // these columns) would otherwise print rows of n/a.
+            bool has_value = false;
             std::vector<std::string> row;
             const result* any = nullptr;
             for (const auto& f : fams)
@@ -465,9 +469,13 @@ struct report {
                 if (decode) {
                     row.push_back(ok ? fmt_num(r->get("GB/s")) : missing);
                     row.push_back(ok ? fmt_pct(r->get("bw_frac")) : missing);
+                    has_value = has_value || (ok && (std::isfinite(r->get("GB/s")) ||
+                                                     std::isfinite(r->get("bw_frac"))));
                 }
                 row.push_back(ok ? fmt_num(r->get("FLOP/s") * 1e-9) : missing);
                 row.push_back(ok ? fmt_pct(r->get("peak_frac")) : missing);
+                has_value = has_value || (ok && (std::isfinite(r->get("FLOP/s")) ||
+                                                 std::isfinite(r->get("peak_frac"))));
             }
             if (have_base)
                 for (const auto& f : fams)
@@ -475,8 +483,9 @@ struct report {
                         const result* r = find(f, shape);
                         row.push_back(r && base ? fmt_speedup(rate(r) / rate(base)) : "-");
                     }
-            t.rows.push_back(std::move(row));
+            if (has_value) t.rows.push_back(std::move(row));
         }
+        if (t.rows.empty()) return;
         os << '\n' << (decode ? "## Decode (Lq = 1 against a KV cache)\n\n" : "## Prefill\n\n");
         if (decode)
             os << "GB/s: K/V bytes streamed per second (K/V cycled through copies >= 4x LLC, so "

@@ -2,6 +2,14 @@
 //
 // Kernels take .data() and strides once from a view and never touch Eigen expressions, which
 // keeps compile times low and lets [B,H,L,D] buffers or fused QKV buffers be used without copies.
+//
+//   std::vector<float> buf(2 * 16 * 4 * 64);
+//   attnkit::view<float, 4> q(buf.data(), {2, 16, 4, 64});   // dense row-major [B, L, H, D]
+//   attnkit::softmax_attention(q, k, v, out);                // as would an Eigen::Tensor
+//
+// This header declares Eigen::Tensor and Eigen::TensorMap without including Eigen's Tensor
+// module: a program that passes Eigen tensors has included it already, and one that passes views
+// does not pay for it.
 #pragma once
 
 #include <array>
@@ -10,11 +18,23 @@
 #include <string>
 #include <type_traits>
 
-#include "attnkit/eigen.hpp"
-
 #include "attnkit/config.hpp"
 
+// The declarations of unsupported/Eigen/CXX11/src/Tensor/TensorForwardDeclarations.h, without
+// their default arguments (which only Eigen's own declaration may give).
+namespace Eigen {
+template <typename Scalar_, int NumIndices_, int Options_, typename IndexType_>
+class Tensor;
+template <typename PlainObjectType, int Options_, template <class> class MakePointer_>
+class TensorMap;
+}  // namespace Eigen
+
 namespace attnkit {
+namespace detail {
+// Eigen::RowMajor (Eigen/src/Core/util/Constants.h), spelled out so that this header needs no
+// Eigen include; attnkit/eigen.hpp checks that the two agree.
+constexpr int kEigenRowMajor = 0x1;
+}  // namespace detail
 
 template <class T, int N>
 struct view {
@@ -53,12 +73,12 @@ struct view {
     template <class Scalar, int Options, class Index,
               std::enable_if_t<std::is_same<std::remove_const_t<T>, Scalar>::value, int> = 0>
     view(Eigen::Tensor<Scalar, N, Options, Index>& t) : view(t.data(), dims_of(t)) {
-        static_assert(Options & Eigen::RowMajor, "attnkit needs Eigen::RowMajor tensors");
+        static_assert(Options & detail::kEigenRowMajor, "attnkit needs Eigen::RowMajor tensors");
     }
     template <class Scalar, int Options, class Index,
               std::enable_if_t<std::is_same<T, const Scalar>::value, int> = 0>
     view(const Eigen::Tensor<Scalar, N, Options, Index>& t) : view(t.data(), dims_of(t)) {
-        static_assert(Options & Eigen::RowMajor, "attnkit needs Eigen::RowMajor tensors");
+        static_assert(Options & detail::kEigenRowMajor, "attnkit needs Eigen::RowMajor tensors");
     }
     template <class Scalar, int Options, class Index, int MapOptions, template <class> class MakePointer,
               std::enable_if_t<std::is_same<std::remove_const_t<T>, std::remove_const_t<Scalar>>::value &&
@@ -66,7 +86,7 @@ struct view {
                                int> = 0>
     view(const Eigen::TensorMap<Eigen::Tensor<Scalar, N, Options, Index>, MapOptions, MakePointer>& t)
         : view(const_cast<T*>(t.data()), dims_of(t)) {
-        static_assert(Options & Eigen::RowMajor, "attnkit needs Eigen::RowMajor tensors");
+        static_assert(Options & detail::kEigenRowMajor, "attnkit needs Eigen::RowMajor tensors");
     }
 
     index_t dim(int i) const { return dims[i]; }
@@ -152,7 +172,7 @@ struct tensor_traits<view<T, N>> {
 template <class S, int N, int O, class I>
 struct tensor_traits<Eigen::Tensor<S, N, O, I>> {
     static constexpr bool kIsTensorish = true;
-    static constexpr bool kRowMajor = (O & Eigen::RowMajor) != 0;
+    static constexpr bool kRowMajor = (O & kEigenRowMajor) != 0;
     static constexpr bool kOwning = true;  // a const Tensor is const data
     static constexpr int kRank = N;
     using element = S;
@@ -160,7 +180,7 @@ struct tensor_traits<Eigen::Tensor<S, N, O, I>> {
 template <class S, int N, int O, class I, int MO, template <class> class MP>
 struct tensor_traits<Eigen::TensorMap<Eigen::Tensor<S, N, O, I>, MO, MP>> {
     static constexpr bool kIsTensorish = true;
-    static constexpr bool kRowMajor = (O & Eigen::RowMajor) != 0;
+    static constexpr bool kRowMajor = (O & kEigenRowMajor) != 0;
     static constexpr bool kOwning = false;  // a const map still maps mutable data
     static constexpr int kRank = N;
     using element = S;
@@ -169,7 +189,7 @@ struct tensor_traits<Eigen::TensorMap<Eigen::Tensor<S, N, O, I>, MO, MP>> {
 template <class S, int N, int O, class I, int MO, template <class> class MP>
 struct tensor_traits<Eigen::TensorMap<const Eigen::Tensor<S, N, O, I>, MO, MP>> {
     static constexpr bool kIsTensorish = true;
-    static constexpr bool kRowMajor = (O & Eigen::RowMajor) != 0;
+    static constexpr bool kRowMajor = (O & kEigenRowMajor) != 0;
     static constexpr bool kOwning = false;
     static constexpr int kRank = N;
     using element = const S;

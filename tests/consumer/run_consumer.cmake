@@ -1,15 +1,22 @@
 # Driver of the consumer smoke tests, run by ctest as `cmake -D... -P run_consumer.cmake`.
 #
-# MODE=install          install attnkit's build tree into PREFIX (fresh)
-# MODE=find_package     configure, build and run find_package/ against PREFIX
-# MODE=pkg_config       compile main.cpp with `pkg-config --cflags --libs attnkit`
-#                       against PREFIX and run it
+# MODE=install          install attnkit's build tree into PREFIX (fresh); check the headers,
+#                       package files and LICENSE are there
+# MODE=find_package     configure, build and run find_package/ against PREFIX; then check the
+#                       version file through version_request/ (before 1.0 a request for another
+#                       minor version must fail)
+# MODE=pkg_config       compile main.cpp with `pkg-config --cflags --libs attnkit` against
+#                       PREFIX with -Wall -Wextra -Werror -march=native and run it (and, given
+#                       AVX512_MARCH, compile it once more for that -march)
+# MODE=examples         configure examples/ on its own (the template a user copies) against
+#                       PREFIX, build and run one example
 # MODE=add_subdirectory configure, build and run add_subdirectory/ on ATTNKIT_SOURCE_DIR
 # MODE=fetchcontent     the same through FetchContent
 #
 # Inputs: ATTNKIT_SOURCE_DIR ATTNKIT_BINARY_DIR ATTNKIT_VERSION PREFIX WORK_DIR CONSUMER_DIR
 #         CMAKE_GENERATOR CMAKE_MAKE_PROGRAM CMAKE_CXX_COMPILER CONFIG [PKG_CONFIG]
-cmake_minimum_required(VERSION 3.21)
+#         [AVX512_MARCH]
+cmake_minimum_required(VERSION 3.25)
 
 foreach(_var MODE ATTNKIT_SOURCE_DIR ATTNKIT_BINARY_DIR PREFIX WORK_DIR CONSUMER_DIR)
     if(NOT DEFINED ${_var} OR "${${_var}}" STREQUAL "")
@@ -50,6 +57,22 @@ function(cmake_consumer name source_dir)
     run("${_exe}")
 endfunction()
 
+# Configure only: find_package(attnkit <request>) must be accepted or rejected as `expect` says.
+function(version_request request expect)
+    set(_build "${WORK_DIR}/version_request_${request}")
+    file(REMOVE_RECURSE "${_build}")
+    set(_gen)
+    if(CMAKE_GENERATOR)
+        list(APPEND _gen -G "${CMAKE_GENERATOR}")
+    endif()
+    if(CMAKE_MAKE_PROGRAM)
+        list(APPEND _gen "-DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}")
+    endif()
+    run("${CMAKE_COMMAND}" -S "${CONSUMER_DIR}/version_request" -B "${_build}" ${_gen}
+        "-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}" "-DCMAKE_PREFIX_PATH=${PREFIX}"
+        "-DREQUEST=${request}" "-DEXPECT=${expect}")
+endfunction()
+
 if(MODE STREQUAL "install")
     file(REMOVE_RECURSE "${PREFIX}")
     run("${CMAKE_COMMAND}" --install "${ATTNKIT_BINARY_DIR}" --prefix "${PREFIX}"
@@ -60,12 +83,64 @@ if(MODE STREQUAL "install")
         message(FATAL_ERROR "install into ${PREFIX} is missing attnkitConfig.cmake, attnkit.pc "
                             "or include/attnkit/attnkit.hpp")
     endif()
+    # The license travels with the headers (share/doc/attnkit/LICENSE by default).
+    file(GLOB_RECURSE _license "${PREFIX}/share/*/LICENSE")
+    if(NOT _license)
+        message(FATAL_ERROR "install into ${PREFIX} has no LICENSE under share/")
+    endif()
+    list(GET _license 0 _license)
+    file(SHA256 "${_license}" _installed)
+    file(SHA256 "${ATTNKIT_SOURCE_DIR}/LICENSE" _source)
+    if(NOT _installed STREQUAL _source)
+        message(FATAL_ERROR "${_license} differs from ${ATTNKIT_SOURCE_DIR}/LICENSE")
+    endif()
 
 elseif(MODE STREQUAL "find_package")
     cmake_consumer(find_package "${CONSUMER_DIR}/find_package"
         "-DCMAKE_PREFIX_PATH=${PREFIX}"
         "-DEXPECTED_PREFIX=${PREFIX}"
         "-DEXPECTED_VERSION=${ATTNKIT_VERSION}")
+    # The version file: the same major.minor is accepted; before 1.0 another minor version is
+    # not (a 0.y release may break the API), from 1.0 on an older minor version is.
+    if(NOT ATTNKIT_VERSION MATCHES "^([0-9]+)\\.([0-9]+)")
+        message(FATAL_ERROR "cannot parse ATTNKIT_VERSION '${ATTNKIT_VERSION}'")
+    endif()
+    set(_major "${CMAKE_MATCH_1}")
+    set(_minor "${CMAKE_MATCH_2}")
+    math(EXPR _next_minor "${_minor} + 1")
+    math(EXPR _next_major "${_major} + 1")
+    version_request("${_major}.${_minor}" accept)
+    version_request("${_next_major}.0" reject)
+    if(_major EQUAL 0)
+        version_request("0.${_next_minor}" reject)
+        if(_minor GREATER 0)
+            math(EXPR _prev_minor "${_minor} - 1")
+            version_request("0.${_prev_minor}" reject)
+        endif()
+    elseif(_minor GREATER 0)
+        math(EXPR _prev_minor "${_minor} - 1")
+        version_request("${_major}.${_prev_minor}" accept)
+    endif()
+
+elseif(MODE STREQUAL "examples")
+    # examples/CMakeLists.txt copied out of the tree must work with an installed attnkit alone.
+    set(_build "${WORK_DIR}/examples")
+    file(REMOVE_RECURSE "${_build}")
+    set(_gen)
+    if(CMAKE_GENERATOR)
+        list(APPEND _gen -G "${CMAKE_GENERATOR}")
+    endif()
+    if(CMAKE_MAKE_PROGRAM)
+        list(APPEND _gen "-DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}")
+    endif()
+    run("${CMAKE_COMMAND}" -S "${ATTNKIT_SOURCE_DIR}/examples" -B "${_build}" ${_gen}
+        "-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}" "-DCMAKE_BUILD_TYPE=${CONFIG}"
+        "-DCMAKE_PREFIX_PATH=${PREFIX}")
+    # One example is enough to show the template links: they all use the same two lines.
+    run("${CMAKE_COMMAND}" --build "${_build}" --config "${CONFIG}" --target example_quickstart)
+    find_program(_exe NAMES quickstart PATHS "${_build}" "${_build}/${CONFIG}"
+                 NO_DEFAULT_PATH NO_CACHE REQUIRED)
+    run("${_exe}")
 
 elseif(MODE STREQUAL "add_subdirectory")
     cmake_consumer(add_subdirectory "${CONSUMER_DIR}/add_subdirectory"
@@ -124,9 +199,17 @@ elseif(MODE STREQUAL "pkg_config")
     set(_build "${WORK_DIR}/pkg_config")
     file(REMOVE_RECURSE "${_build}")
     file(MAKE_DIRECTORY "${_build}")
-    run("${CMAKE_CXX_COMPILER}" -std=c++17 -O1 ${_cflags}
+    # A user's strict build: warnings inside Eigen or xsimd (which attnkit.pc passes as -isystem)
+    # must not fail it, also where -march=native turns on Eigen's AVX/AVX-512 packets.
+    set(_strict -Wall -Wextra -Werror)
+    run("${CMAKE_CXX_COMPILER}" -std=c++17 -O1 ${_strict} -march=native ${_cflags}
         "${CONSUMER_DIR}/main.cpp" -o "${_build}/consumer" ${_libs})
     run("${_build}/consumer")
+    if(AVX512_MARCH)
+        # Compile only: this machine need not run AVX-512 code.
+        run("${CMAKE_CXX_COMPILER}" -std=c++17 -O1 ${_strict} "-march=${AVX512_MARCH}" ${_cflags}
+            -c "${CONSUMER_DIR}/main.cpp" -o "${_build}/consumer_avx512.o")
+    endif()
 
 else()
     message(FATAL_ERROR "run_consumer.cmake: unknown MODE '${MODE}'")

@@ -30,8 +30,14 @@
 #include <memory>
 #include <vector>
 
-#include "attnkit/attnkit.hpp"
 #include "attnkit/detail/gemm.hpp"
+#include "attnkit/diagnostics.hpp"
+#include "attnkit/eigen.hpp"
+#include "attnkit/embedding_qk.hpp"
+#include "attnkit/gated_mlp.hpp"
+#include "attnkit/model/hybrid_schedule.hpp"
+#include "attnkit/model/rms_norm.hpp"
+#include "attnkit/model/rope.hpp"
 #include "attnkit/model/decoder_config.hpp"
 #include "attnkit/model/decoder_layer.hpp"
 

@@ -7,7 +7,20 @@
 #include <algorithm>
 #include <memory>
 
-#include "attnkit/attnkit.hpp"
+#include "attnkit/eigen.hpp"
+#include "attnkit/embedding_qk.hpp"
+#include "attnkit/gated_mlp.hpp"
+#include "attnkit/model/rms_norm.hpp"
+#include "attnkit/model/rope.hpp"
+#include "attnkit/mta_attention.hpp"
+#include "attnkit/reference/mta_attention.hpp"
+#include "attnkit/reference/self_gating_attention.hpp"
+#include "attnkit/reference/softmax_attention.hpp"
+#include "attnkit/reference/static_qk_attention.hpp"
+#include "attnkit/reference/taylor_attention.hpp"
+#include "attnkit/self_gating_attention.hpp"
+#include "attnkit/softmax_attention.hpp"
+#include "attnkit/static_qk_attention.hpp"
 #include "attnkit/model/decoder_config.hpp"
 #include "attnkit/taylor_attention.hpp"
 

@@ -22,7 +22,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "attnkit/eigen.hpp"
+#include "attnkit/eigen_core.hpp"
 
 #include "attnkit/simd/simd.hpp"
 
