@@ -278,6 +278,31 @@ TEST(static_attention_map, last_rows_and_decode) {
     }
 }
 
+// out [B, T, H, Dv] must be the last T rows of w's lower triangle applied to v [B, L, Hk, Dv] in
+// double (query head h reads value head h / group), within a tolerance scaled by the largest
+// sum |w_ij| |v_j| of a row.
+template <class WT>
+void expect_mixes_lower_triangle(const WT& w, const tensor4<float>& v, const tensor4<float>& out, index_t group) {
+    const index_t B = v.dimension(0), L = v.dimension(1), T = out.dimension(1), H = out.dimension(2);
+    const index_t Dv = v.dimension(3);
+    tensor4<double> want = make_bshd<double>(B, T, H, Dv);
+    double mag = 0;
+    for (index_t b = 0; b < B; ++b)
+        for (index_t t = 0; t < T; ++t)
+            for (index_t h = 0; h < H; ++h) {
+                const index_t i = L - T + t;
+                double row = 0;
+                for (index_t j = 0; j <= i; ++j) row += std::fabs(w(h, i, j));
+                mag = std::max(mag, row * max_abs(v));
+                for (index_t c = 0; c < Dv; ++c) {
+                    double acc = 0;
+                    for (index_t j = 0; j <= i; ++j) acc += double(w(h, i, j)) * v(b, j, h / group, c);
+                    want(b, t, h, c) = acc;
+                }
+            }
+    EXPECT_TRUE(all_close(out, want, tolerance_for(kK, mag)));
+}
+
 // from_weights uses the lower triangle as given (no renormalisation) and never reads above the
 // diagonal: NaN there changes nothing.
 TEST(static_attention_map, from_weights_ignores_upper_triangle) {
@@ -297,21 +322,7 @@ TEST(static_attention_map, from_weights_ignores_upper_triangle) {
         EXPECT_EQ(hk, map.heads_kv());  // 0: taken from v
         tensor4<float> out = make_bshd<float>(B, L, H, Dv, kSentinel);
         map.apply(v, out);
-        tensor4<double> want = make_bshd<double>(B, L, H, Dv);
-        double mag = 0;
-        for (index_t b = 0; b < B; ++b)
-            for (index_t i = 0; i < L; ++i)
-                for (index_t h = 0; h < H; ++h) {
-                    double row = 0;
-                    for (index_t j = 0; j <= i; ++j) row += std::fabs(w(h, i, j));
-                    mag = std::max(mag, row * max_abs(v));
-                    for (index_t c = 0; c < Dv; ++c) {
-                        double acc = 0;
-                        for (index_t j = 0; j <= i; ++j) acc += double(w(h, i, j)) * v(b, j, h / (H / Hk), c);
-                        want(b, i, h, c) = acc;
-                    }
-                }
-        EXPECT_TRUE(all_close(out, want, tolerance_for(kK, mag)));
+        expect_mixes_lower_triangle(w, v, out, H / Hk);
     }
 }
 
@@ -329,22 +340,7 @@ TEST(static_attention_map, from_weights_reads_kv_heads_from_v) {
         const tensor4<float> v = random_bshd(B, L, Hk, Dv, distribution::gaussian, 411 + Hk);
         tensor4<float> out = make_bshd<float>(B, 3, H, Dv, kSentinel);  // the last 3 rows
         map.apply(v, out);
-        tensor4<double> want = make_bshd<double>(B, 3, H, Dv);
-        double mag = 0;
-        for (index_t b = 0; b < B; ++b)
-            for (index_t t = 0; t < 3; ++t)
-                for (index_t h = 0; h < H; ++h) {
-                    const index_t i = L - 3 + t;
-                    double row = 0;
-                    for (index_t j = 0; j <= i; ++j) row += std::fabs(w(h, i, j));
-                    mag = std::max(mag, row * max_abs(v));
-                    for (index_t c = 0; c < Dv; ++c) {
-                        double acc = 0;
-                        for (index_t j = 0; j <= i; ++j) acc += double(w(h, i, j)) * v(b, j, h / (H / Hk), c);
-                        want(b, t, h, c) = acc;
-                    }
-                }
-        EXPECT_TRUE(all_close(out, want, tolerance_for(kK, mag)));
+        expect_mixes_lower_triangle(w, v, out, H / Hk);
     }
     const tensor4<float> v3 = random_bshd(B, L, 3, Dv, distribution::gaussian, 420);
     tensor4<float> out = make_bshd<float>(B, 1, H, Dv, kSentinel);

@@ -36,17 +36,23 @@ function(run)
     endif()
 endfunction()
 
+# The generator (and make program) of this build, as arguments for a nested configure.
+function(generator_args out)
+    set(_args)
+    if(CMAKE_GENERATOR)
+        list(APPEND _args -G "${CMAKE_GENERATOR}")
+    endif()
+    if(CMAKE_MAKE_PROGRAM)
+        list(APPEND _args "-DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}")
+    endif()
+    set(${out} "${_args}" PARENT_SCOPE)
+endfunction()
+
 # Configure, build and run one consumer CMake project in a fresh build directory.
 function(cmake_consumer name source_dir)
     set(_build "${WORK_DIR}/${name}")
     file(REMOVE_RECURSE "${_build}")
-    set(_gen)
-    if(CMAKE_GENERATOR)
-        list(APPEND _gen -G "${CMAKE_GENERATOR}")
-    endif()
-    if(CMAKE_MAKE_PROGRAM)
-        list(APPEND _gen "-DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}")
-    endif()
+    generator_args(_gen)
     run("${CMAKE_COMMAND}" -S "${source_dir}" -B "${_build}" ${_gen}
         "-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}"
         "-DCMAKE_BUILD_TYPE=${CONFIG}"
@@ -61,13 +67,7 @@ endfunction()
 function(version_request request expect)
     set(_build "${WORK_DIR}/version_request_${request}")
     file(REMOVE_RECURSE "${_build}")
-    set(_gen)
-    if(CMAKE_GENERATOR)
-        list(APPEND _gen -G "${CMAKE_GENERATOR}")
-    endif()
-    if(CMAKE_MAKE_PROGRAM)
-        list(APPEND _gen "-DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}")
-    endif()
+    generator_args(_gen)
     run("${CMAKE_COMMAND}" -S "${CONSUMER_DIR}/version_request" -B "${_build}" ${_gen}
         "-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}" "-DCMAKE_PREFIX_PATH=${PREFIX}"
         "-DREQUEST=${request}" "-DEXPECT=${expect}")
@@ -126,13 +126,7 @@ elseif(MODE STREQUAL "examples")
     # examples/CMakeLists.txt copied out of the tree must work with an installed attnkit alone.
     set(_build "${WORK_DIR}/examples")
     file(REMOVE_RECURSE "${_build}")
-    set(_gen)
-    if(CMAKE_GENERATOR)
-        list(APPEND _gen -G "${CMAKE_GENERATOR}")
-    endif()
-    if(CMAKE_MAKE_PROGRAM)
-        list(APPEND _gen "-DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}")
-    endif()
+    generator_args(_gen)
     run("${CMAKE_COMMAND}" -S "${ATTNKIT_SOURCE_DIR}/examples" -B "${_build}" ${_gen}
         "-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}" "-DCMAKE_BUILD_TYPE=${CONFIG}"
         "-DCMAKE_PREFIX_PATH=${PREFIX}")
