@@ -1,4 +1,9 @@
-// attnkit: configuration macros shared by every header.
+// attnkit: configuration macros shared by every header, and attnkit::index_t.
+//
+//   ATTNKIT_ALWAYS_INLINE, ATTNKIT_NOINLINE, ATTNKIT_RESTRICT, ATTNKIT_PREFETCH(p),
+//   ATTNKIT_LIKELY(x), ATTNKIT_UNLIKELY(x)     portable spellings of compiler hints
+//   -DATTNKIT_SIMD_SCALAR                      force the one-lane portable SIMD path
+//   attnkit::index_t                           the signed 64-bit size type of every shape
 #pragma once
 
 #include <cstddef>

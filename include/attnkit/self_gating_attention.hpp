@@ -95,6 +95,11 @@ void self_gating_attention(const Q& q, const K& k, const V& v, O&& out, const se
                                                             detail::out_view(out), opts);
 }
 
+//   attnkit::self_gating_state st(B, H, Hk, D, Dv, opts);
+//   st.step(q_prompt, k_prompt, v_prompt, out_prompt);    // a prompt of T tokens
+//   st.step(q_tok, k_tok, v_tok, out_tok);                // then one token at a time
+//   st.length(); st.reset();
+//
 // Decode and chunked prefill: per batch item and query head the state (m, z, n[Dv]) of every
 // token appended so far. step(q, k, v, out) appends T >= 1 tokens (q [B,T,H,D], k [B,T,Hk,D],
 // v [B,T,Hk,Dv], out [B,T,H,Dv]); each new row sees every token before it and itself, so one

@@ -1,4 +1,12 @@
 // attnkit: a small fork-join thread pool owned by the caller (docs/design.md, "Threads").
+//
+//   attnkit::thread_pool pool(2);           // 2 threads in all: this one and one worker
+//   attnkit::softmax_options opts;
+//   opts.pool = &pool;                       // every entry point takes it through its options
+//   attnkit::parallel_for(&pool, n, [&](std::int64_t i) { ... });   // or directly
+//
+// Without a pool (nullptr) every call runs on the calling thread. Results never depend on the
+// thread count: work is split by the shapes alone.
 #pragma once
 
 #include <algorithm>

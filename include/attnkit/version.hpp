@@ -1,4 +1,6 @@
 // attnkit version: the single source of truth, parsed by CMake.
+//
+//   #if ATTNKIT_VERSION >= 100   // 0.1.0 or later (MMmmpp)
 #pragma once
 
 #define ATTNKIT_VERSION_MAJOR 0
