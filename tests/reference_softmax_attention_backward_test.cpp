@@ -151,7 +151,9 @@ TEST(reference_softmax_attention_backward, masked_rows_and_keys_get_zero) {
     for (index_t j = 0; j < s.Lk; ++j)
         for (index_t d = 0; d < s.D; ++d) {
             EXPECT_EQ(0.0, dk(1, j, 0, d));
-            if (j >= 2) EXPECT_EQ(0.0, dk(0, j, 0, d));
+            if (j >= 2) {
+                EXPECT_EQ(0.0, dk(0, j, 0, d));
+            }
         }
     for (index_t j = 2; j < s.Lk; ++j)
         for (index_t c = 0; c < s.Dv; ++c) EXPECT_EQ(0.0, dv(0, j, 0, c));

@@ -2,6 +2,7 @@
 // kernel and the oracle (the views and their names are the only code they share).
 #pragma once
 
+#include <tuple>
 #include <utility>
 
 #include "attnkit/detail/check.hpp"
