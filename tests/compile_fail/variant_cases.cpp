@@ -2,6 +2,7 @@
 // passes a double tensor where the fast kernels take float (with the other arguments float) and
 // must fail with that entry point's static_assert and nothing else (expect_one_error.cmake counts
 // the compiler's "error:" lines). ATTNKIT_CASE = 0, every call written correctly, must compile.
+#include "attnkit/eigen.hpp"  // the tensors below (variant headers leave the Tensor module to the user)
 #include "attnkit/gated_mlp.hpp"
 #include "attnkit/mta_attention.hpp"
 #include "attnkit/self_gating_attention.hpp"
