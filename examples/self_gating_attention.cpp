@@ -4,6 +4,7 @@
 //
 // At the end, the outputs of prefill + decode are compared with one causal call over the whole
 // sequence (the rows must agree to float rounding).
+#include <attnkit/eigen.hpp>  // Eigen's Tensor module, for the tensors below
 #include <attnkit/self_gating_attention.hpp>
 #include <attnkit/thread_pool.hpp>
 
