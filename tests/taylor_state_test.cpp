@@ -399,6 +399,33 @@ TEST(taylor_state, forced_forms) {
 
 // ---- bad steps: std::invalid_argument naming the argument; out and the state unchanged ----
 
+// Scores ~1e20 (w ~ s^2/2 past float) in every form of the state, with keys that grow from
+// ordinary to ~1e10 mid-sequence: the linear state then scales what S holds by an exact power
+// of two (its key shift rises) and each step's large queries by their own. Outputs are weighted
+// means of v and match the oracle to float rounding of the scores (as taylor_attention_test's
+// scores_of_1e20_stay_finite). Uneven steps cross the chunk edges and the fold.
+TEST(taylor_state, scores_of_1e20_stay_finite) {
+    for (const attnkit::taylor_form form :
+         {attnkit::taylor_form::linear, attnkit::taylor_form::automatic, attnkit::taylor_form::quadratic}) {
+        SCOPED_TRACE(static_cast<int>(form));
+        sequence s = make_sequence(1, 288, 2, 1, 4, 5, distribution::uniform, 31);
+        for (index_t i = 0; i < 288; ++i)
+            for (index_t d = 0; d < 4; ++d) {
+                for (index_t h = 0; h < 2; ++h) s.q(0, i, h, d) = 1e10f * (1.5f + 0.5f * s.q(0, i, h, d));
+                s.k(0, i, 0, d) = (i >= 100 ? 1e10f : 1.0f) * (1.5f + 0.5f * s.k(0, i, 0, d));
+            }
+        taylor_options o;
+        o.form = form;
+        taylor_state st(1, 2, 1, 4, 5, o);
+        const tensor4<float> out = run_steps(st, s, kUneven);
+        for (index_t i = 0; i < out.size(); ++i) ASSERT_TRUE(std::isfinite(out.data()[i])) << i;
+        tensor4<double> expected = make_bshd<double>(1, 288, 2, 5);
+        o.causal = true;
+        ref::taylor_attention(s.q, s.k, s.v, expected, o);
+        EXPECT_TRUE(all_close(out, expected, tolerance_for(64, max_abs(s.v))));
+    }
+}
+
 TEST(taylor_state, bad_steps_change_nothing) {
   for (const auto form : {attnkit::taylor_form::automatic, attnkit::taylor_form::linear}) {
     SCOPED_TRACE(::testing::Message() << "form " << static_cast<int>(form));

@@ -46,6 +46,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -105,6 +106,7 @@ class taylor_state {
     // Back to an empty state in the options' form (the cache keeps its allocation).
     void reset() {
         length_ = 0;
+        k_shift_ = 0;
         if (form_ == taylor_form::linear) {
             std::fill(state_.begin(), state_.end(), 0.0f);
         } else {
@@ -182,7 +184,9 @@ class taylor_state {
             return;
         } else {
             if (!linear_) fold();
-            parallel_for(pool_, items(), [&](std::int64_t item) { linear_item(q, k, v, out, s, item); });
+            const int q_shift = detail::taylor::large_shift(q, scale_);
+            raise_key_shift(detail::taylor::large_shift(k, 1.0f));
+            parallel_for(pool_, items(), [&](std::int64_t item) { linear_item(q, k, v, out, s, item, q_shift); });
         }
         length_ += T;
     }
@@ -215,6 +219,13 @@ class taylor_state {
     void fold() {
         std::vector<float> st(static_cast<std::size_t>(items() * per_item_ + kLanes), 0.0f);
         const index_t D = dim_, Dv = dim_v_, full = length_ / kChunk, rest = length_ - full * kChunk;
+        float k_max = 0.0f;
+        for (index_t item = 0; item < items(); ++item) {
+            const float* ck = cache_.k(item);
+            for (index_t x = 0; x < length_ * D; ++x) k_max = std::max(k_max, std::fabs(ck[x]));
+        }
+        k_shift_ = detail::taylor::shift_for_max(k_max);
+        const float k_factor = std::ldexp(1.0f, -k_shift_);
         parallel_for(pool_, items(), [&](std::int64_t item) {
             float* S = st.data() + per_item_ * item;
             float* pend_k = S + features_.padded * dvp_;
@@ -223,7 +234,8 @@ class taylor_state {
             const float* cv = cache_.v(item);
             detail::taylor::chunk_buffers<A> cb(D, Dv, kChunk, 0);
             for (index_t c = 0; c < full; ++c) {
-                const index_t ld = detail::taylor::pack_keys(cb, ck + c * kChunk * D, D, cv + c * kChunk * Dv, Dv, kChunk);
+                const index_t ld =
+                    detail::taylor::pack_keys(cb, ck + c * kChunk * D, D, cv + c * kChunk * Dv, Dv, kChunk, k_factor);
                 detail::taylor::chunk_step<A>(cb, features_, S, 0, ld);
             }
             std::copy_n(ck + full * kChunk * D, rest * D, pend_k);
@@ -234,13 +246,28 @@ class taylor_state {
         linear_ = true;
     }
 
+    // Keys of 2^20 and more enter S scaled by 2^-k_shift_ (as in the linear kernel, linear.hpp:
+    // features of the augmented rows [k, 1] are homogeneous of degree 2, so S and z come out
+    // times 2^-2 k_shift_). The shift only grows: a step with larger keys scales what S holds
+    // by the exact power of two that brings it to the new shift; ordinary keys never shift.
+    void raise_key_shift(int shift) {
+        if (shift <= k_shift_) return;
+        const float f = std::ldexp(1.0f, -2 * (shift - k_shift_));
+        const index_t n = features_.padded * dvp_;
+        parallel_for(pool_, items(), [&](std::int64_t item) {
+            float* S = state_.data() + per_item_ * item;
+            for (index_t x = 0; x < n; ++x) S[x] *= f;
+        });
+        k_shift_ = shift;
+    }
+
     // Linear form. Tokens are taken in segments that end at chunk boundaries (positions multiple
     // of kChunk, counted from the first token, so the chunks are those of taylor_attention's
     // linear form). A segment's keys join the current chunk; its queries read S (the chunks
     // before) and see the current chunk up to themselves through the quadratic form; a full
     // chunk enters S, summed on its own first (per chunk, then added, as the linear kernel does).
     void linear_item(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
-                     const view<float, 4>& out, const detail::attention_shape& s, index_t item) {
+                     const view<float, 4>& out, const detail::attention_shape& s, index_t item, int q_shift) {
         constexpr index_t RT = detail::tile_traits<A>::kTileRows;
         const index_t b = item / heads_kv_, hk = item % heads_kv_, G = s.group(), D = dim_, Dv = dim_v_;
         float* S = state_.data() + per_item_ * item;
@@ -250,6 +277,12 @@ class taylor_state {
         std::vector<float> buf, qa(static_cast<std::size_t>(D + 2)), phi(static_cast<std::size_t>(features_.padded));
         std::vector<float> rows;  // row path: num (dvp rounded to lanes) per row
         const index_t acc_ld = (dvp_ + kLanes - 1) / kLanes * kLanes;
+        // Large queries and keys: the weights come out times 2^-2 (q_shift + k_shift_), the
+        // chunk's quadratic part (score_shift) and eps alike.
+        const float q_factor = std::ldexp(1.0f, -q_shift), k_factor = std::ldexp(1.0f, -k_shift_);
+        detail::taylor::quadratic_rows pol{eps_};
+        pol.score_shift = q_shift + k_shift_;
+        const float eps_w = std::ldexp(eps_, -2 * pol.score_shift);
         index_t pos = length_;
         for (index_t t = 0; t < s.len_q;) {
             const index_t n_pend = pos % kChunk, seg = std::min(s.len_q - t, kChunk - n_pend);
@@ -267,15 +300,16 @@ class taylor_state {
                 std::fill(cb.qt.begin(), cb.qt.begin() + n_panels * (D + 2) * RT, 0.0f);
                 std::fill(cb.ot.begin(), cb.ot.begin() + n_panels * dvp_ * RT, 0.0f);
                 for (index_t r = 0; r < n_rows; ++r)
-                    detail::taylor::pack_query(cb, r, q.ptr(b, t + r / G, hk * G + r % G), scale_);
+                    detail::taylor::pack_query(cb, r, q.ptr(b, t + r / G, hk * G + r % G), scale_, q_factor);
                 detail::taylor::chunk_step<A>(cb, features_, S, n_panels, 0);
                 num = cb.ot.data(), stride_c = RT, stride_r = 0;
             } else {
                 rows.resize(static_cast<std::size_t>(n_rows * acc_ld));
                 for (index_t r = 0; r < n_rows; ++r) {
                     const float* qr = q.ptr(b, t + r / G, hk * G + r % G);
-                    for (index_t d = 0; d < D; ++d) qa[static_cast<std::size_t>(d)] = qr[d] * scale_;
-                    qa[static_cast<std::size_t>(D)] = 1.0f, qa[static_cast<std::size_t>(D + 1)] = 0.0f;
+                    const float qs = scale_ * q_factor;
+                    for (index_t d = 0; d < D; ++d) qa[static_cast<std::size_t>(d)] = qr[d] * qs;
+                    qa[static_cast<std::size_t>(D)] = q_factor, qa[static_cast<std::size_t>(D + 1)] = 0.0f;
                     detail::taylor::read_row<A>(features_, S, dvp_, qa.data(), phi.data(), rows.data() + r * acc_ld);
                 }
                 num = rows.data(), stride_c = 1, stride_r = acc_ld;
@@ -295,15 +329,15 @@ class taylor_state {
             p.causal = true;
             detail::row_block rb;
             rb.b = b, rb.hk = hk, rb.n_hk = 1, rb.i0 = 0, rb.n_pos = seg, rb.group = G;
-            detail::tile_kernel<A>(p, detail::taylor::quadratic_rows{eps_}, rb, 0, n_pend + seg, buf,
+            detail::tile_kernel<A>(p, pol, rb, 0, n_pend + seg, buf,
                                    [&](index_t, index_t r, const float* o_row, float sum) {
                                        const float* sp = state_part(r);
                                        float* o = out.ptr(b, t + r / G, hk * G + r % G);
-                                       const float inv = 1.0f / (sp[Dv * stride_c] + sum + eps_);
+                                       const float inv = 1.0f / (sp[Dv * stride_c] + sum + eps_w);
                                        for (index_t d = 0; d < Dv; ++d) o[d] = (sp[d * stride_c] + o_row[d]) * inv;
                                    });
             if (n_pend + seg == kChunk) {  // a full chunk enters S
-                const index_t ld = detail::taylor::pack_keys(cb, pend_k, D, pend_v, Dv, kChunk);
+                const index_t ld = detail::taylor::pack_keys(cb, pend_k, D, pend_v, Dv, kChunk, k_factor);
                 detail::taylor::chunk_step<A>(cb, features_, S, 0, ld);
             }
             t += seg, pos += seg;
@@ -318,6 +352,7 @@ class taylor_state {
     detail::taylor::feature_table features_;
     index_t dvp_, per_item_;
     bool linear_ = false;
+    int k_shift_ = 0;                      // linear: S holds keys times 2^-k_shift_
     std::vector<float> state_;             // linear: per item S [padded][dvp], current chunk's K, V
     detail::taylor::token_cache cache_;    // quadratic: the tokens' K and V
     index_t length_ = 0;

@@ -123,9 +123,15 @@ inline chunk_buffers<A> make_chunk_buffers(const attention_shape& s, index_t que
     return chunk_buffers<A>(s.dim, s.dim_v, kChunk, (query_rows + RT - 1) / RT);
 }
 
-// The shift that brings the largest |x scale| of x below 1 when it is 2^20 or more, else 0:
+// The shift that brings a largest |x scale| of mx below 1 when it is 2^20 or more, else 0:
 // features of degree 2 in q and in k (up to q^2 k^2) stay in float for inputs up to ~2^31 that
-// way, and ordinary inputs are not scaled at all. One pass over x, small beside the form's work.
+// way, and ordinary inputs are not scaled at all.
+inline int shift_for_max(float mx) {
+    if (!(mx >= 1048576.0f) || !std::isfinite(mx)) return 0;
+    return std::min(std::ilogb(mx) + 1, 63);
+}
+
+// shift_for_max of the rows of x: one pass over x, small beside the form's work.
 inline int large_shift(const view<const float, 4>& x, float scale) {
     float mx = 0.0f;
     for (index_t b = 0; b < x.dims[0]; ++b)
@@ -134,8 +140,7 @@ inline int large_shift(const view<const float, 4>& x, float scale) {
                 const float* r = x.ptr(b, i, h);
                 for (index_t d = 0; d < x.dims[3]; ++d) mx = std::max(mx, std::fabs(r[d] * scale));
             }
-    if (!(mx >= 1048576.0f) || !std::isfinite(mx)) return 0;
-    return std::min(std::ilogb(mx) + 1, 63);
+    return shift_for_max(mx);
 }
 
 template <class A>
