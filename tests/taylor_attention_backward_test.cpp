@@ -327,6 +327,41 @@ TEST(taylor_attention_backward, forms_agree) {
     }
 }
 
+::testing::AssertionResult same_bits(const tensor4<float>& a, const tensor4<float>& b);
+
+// automatic runs the form the backward cost model picks, bit for bit; the model picks the
+// quadratic form for short sequences and the linear one for long ones at small D.
+TEST(taylor_attention_backward, automatic_runs_the_chosen_form) {
+    namespace ad = attnkit::detail;
+    EXPECT_EQ(taylor_form::quadratic, ad::taylor::choose_backward_form({1, 512, 512, 8, 8, 64, 64}, [] {
+                  taylor_options o;
+                  o.causal = true;
+                  return o;
+              }()));
+    EXPECT_EQ(taylor_form::linear, ad::taylor::choose_backward_form({1, 16384, 16384, 8, 8, 64, 64}, [] {
+                  taylor_options o;
+                  o.causal = true;
+                  return o;
+              }()));
+    EXPECT_EQ(taylor_form::linear, ad::taylor::choose_backward_form({1, 4096, 4096, 2, 2, 4, 4}, {}));
+    for (index_t D : {4, 24}) {
+        SCOPED_TRACE(D);
+        taylor_options o;
+        o.causal = true;
+        const tensor4<float> q = random_bshd(1, 150, 2, D, distribution::gaussian, 71);
+        const tensor4<float> k = random_bshd(1, 150, 1, D, distribution::gaussian, 72);
+        const tensor4<float> v = random_bshd(1, 150, 1, 8, distribution::gaussian, 73);
+        const tensor4<float> dout = random_bshd(1, 150, 2, 8, distribution::gaussian, 74);
+        const ad::attention_shape sh{1, 150, 150, 2, 1, D, 8};
+        taylor_options chosen = o;
+        chosen.form = ad::taylor::choose_backward_form(sh, o);
+        const grads a = run_fast(q, k, v, dout, o), b = run_fast(q, k, v, dout, chosen);
+        EXPECT_TRUE(same_bits(a.dq, b.dq)) << form_name(chosen.form);
+        EXPECT_TRUE(same_bits(a.dk, b.dk));
+        EXPECT_TRUE(same_bits(a.dv, b.dv));
+    }
+}
+
 ::testing::AssertionResult same_bits(const tensor4<float>& a, const tensor4<float>& b) {
     if (std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.size())) == 0)
         return ::testing::AssertionSuccess();
