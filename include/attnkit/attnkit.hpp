@@ -22,6 +22,8 @@
 #include "attnkit/reference/softmax_attention_backward.hpp"
 #include "attnkit/softmax_attention_backward.hpp"
 #include "attnkit/taylor_attention.hpp"
+#include "attnkit/reference/taylor_attention_backward.hpp"
+#include "attnkit/taylor_attention_backward.hpp"
 #include "attnkit/reference/self_gating_attention.hpp"
 #include "attnkit/self_gating_attention.hpp"
 #include "attnkit/reference/static_qk_attention.hpp"

@@ -6,16 +6,21 @@
 //
 // A tile is [n_rows][kTileRows] with query rows broadcast and keys in lanes (the backward turns
 // the forward's roles: its reductions over query rows, dK and dV, then run along lanes). Per
-// row the policy gets two statistics the kernel prepared from the forward's outputs:
+// row the policy gets two statistics that the kernel's caller prepared (from the forward's
+// outputs, or recomputed where the API does not pass them):
 //   stat_a[r]   softmax: lse in log2 units (+inf for a row without visible keys)
-//   stat_b[r]   softmax: D_r = <dO_r, O_r>
+//               Taylor (taylor/quadratic_backward.hpp): 1 / (Z_r + eps), 0 without visible keys
+//   stat_b[r]   softmax: D_r = <dO_r, O_r>; Taylor: D_r / (Z_r + eps)
 // and the row's visible key interval [lo[r], hi[r]). A policy is a small copyable struct with
 //   grads<A>(s, dp, n_rows, key0, masked, lo, hi, stat_a, stat_b)
 //       s:  in the scores as the forward's packed queries give them, out P
 //       dp: in dP, out dS (the gradient of the score before scaling)
 //       entries of keys a row does not see become exactly 0 (by selection, never by a product,
 //       so that a NaN or Inf there stays out of the gradients)
+//   empty_row_a()  (static) stat_a of the rows that pad the last query block (they see no key)
 #pragma once
+
+#include <limits>
 
 #include "attnkit/detail/online_softmax.hpp"
 #include "attnkit/detail/tile_traits.hpp"
@@ -29,6 +34,8 @@ namespace backward {
 // them, and dS takes the factor 1 - tanh^2.
 struct softmax_grad_rows {
     float softcap = 0.0f;  // > 0: the forward's soft-cap c
+
+    static float empty_row_a() { return std::numeric_limits<float>::infinity(); }
 
     template <class A>
     ATTNKIT_NOINLINE void grads(float* s, float* dp, index_t n_rows, index_t key0, bool masked, const index_t* lo,

@@ -3,7 +3,8 @@
 // L x L matrix. For each key block J (kBlockKeys keys) and each query block I whose rows see it:
 //   S   = Q_I K_J^T           scores_panel  (query rows broadcast, keys in lanes)
 //   dP  = dO_I V_J^T          scores_panel
-//   P, dS                     the gradient row policy (grad_rows.hpp) from the forward's lse
+//   P, dS                     the gradient row policy (grad_rows.hpp) from two per-row statistics
+//                             the caller prepares (softmax: the forward's lse and <dO, O>)
 //   dV_J^T += dO_I^T P        values_panel  (a reduction over the block's query rows)
 //   dK_J^T += Q_I^T dS        values_panel
 //   dQ_I   += dS K_J          the GEMM's macro-kernel (detail/gemm/): dS of the block is kept
@@ -276,7 +277,8 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
 
 // The backward of one call: every (batch, key/value head) item over the pool. stats(b, hk, a, bs)
 // writes the policy's two statistics of the item's rows (position-major, G heads per position;
-// a and bs hold Lq G floats). Rows past Lq G pad the last query block: no visible key, a = +inf.
+// a and bs hold Lq G floats). Rows past Lq G pad the last query block: no visible key,
+// a = Policy::empty_row_a(), b = 0.
 template <class A, class Policy, class KVT, class QT, class Stats>
 void attention_backward(const basic_attention_problem<KVT, QT>& p, const Policy& pol, const strided_rows_t<float>& dout,
                         Stats&& stats, const gradient_outputs& go, thread_pool* pool) {
@@ -292,7 +294,7 @@ void attention_backward(const basic_attention_problem<KVT, QT>& p, const Policy&
                 for (index_t g = 0; g < G; ++g) std::fill_n(go.d_q.ptr(b, i, hk * G + g), s.dim, 0.0f);
             return;
         }
-        std::vector<float> a(static_cast<std::size_t>(rows_pad), std::numeric_limits<float>::infinity());
+        std::vector<float> a(static_cast<std::size_t>(rows_pad), Policy::empty_row_a());
         std::vector<float> bs(static_cast<std::size_t>(rows_pad), 0.0f);
         std::vector<index_t> lo(static_cast<std::size_t>(rows_pad), 0), hi(static_cast<std::size_t>(rows_pad), 0);
         const mask_params mp = p.mask(b);

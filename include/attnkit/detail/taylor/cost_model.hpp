@@ -56,6 +56,40 @@ inline taylor_form choose_form(const attention_shape& s, const taylor_options& o
     return t_lin < t_quad ? taylor_form::linear : taylor_form::quadratic;
 }
 
+// The backward's choice (taylor_attention_backward.hpp), the same model with the backward's
+// work: the quadratic form's tile kernel forms five products per visible pair,
+// 2 P (3 D + 2 Dv) FLOPs, plus the row sums (D^2 per row and key); the linear form reads and
+// updates two states, S forward over the keys and R in reverse over the queries:
+// 2 F (Dv + 1) FLOPs per state update or read, two per query row (read S, enter R) and three per
+// key row (enter S, read R twice: for d_k and for d_v), plus the chunk-local pairs through the
+// tile kernel when causal. The rates are the backward kernels' own in these units, medians of
+// bench/taylor_attention_backward_bench at B = 1, H = 8, causal, 1 thread (CPU time), L = 2048:
+// quadratic 24 at D = 64 and 128; linear 20 at D = 64, 25 at D = 128 (its GEMMs have Dv + 1
+// columns, a poor fit for the micro-tile at Dv = 64). Causal crossovers they give: about
+// L = 5100 at D = 64 and L = 19000 at D = 128.
+constexpr double kQuadraticBackwardGflops = 24.0;
+constexpr double kLinearBackwardGflops = 21.0;
+
+inline taylor_form choose_backward_form(const attention_shape& s, const taylor_options& o) {
+    double pairs = 0.0;
+    for (index_t b = 0; b < s.batch; ++b) {
+        const index_t len = o.key_lengths.empty() ? s.len_k : static_cast<index_t>(o.key_lengths[b]);
+        pairs += visible_pairs(s.len_q, s.len_k, len, o.causal);
+    }
+    pairs *= static_cast<double>(s.heads);
+    const double D = static_cast<double>(s.dim), Dv = static_cast<double>(s.dim_v);
+    const double F = 1.0 + D + D * (D + 1.0) / 2.0;
+    const double q_rows = static_cast<double>(s.batch) * static_cast<double>(s.len_q * s.heads);
+    const double k_rows = static_cast<double>(s.batch) * static_cast<double>(s.len_k * s.heads_k);
+    const double row_sums = 2.0 * (q_rows + k_rows) * D * D;
+    const double local = o.causal ? q_rows * (kChunk / 2.0) : 0.0;
+    const double t_quad = (2.0 * pairs * (3.0 * D + 2.0 * Dv) + row_sums) / kQuadraticBackwardGflops;
+    const double t_lin = (2.0 * F * (Dv + 1.0) * (2.0 * q_rows + 3.0 * k_rows) + row_sums +
+                          2.0 * local * (3.0 * D + 2.0 * Dv)) /
+                         kLinearBackwardGflops;
+    return t_lin < t_quad ? taylor_form::linear : taylor_form::quadratic;
+}
+
 // The causal crossover of a state's shapes: the smallest L for which automatic picks the linear
 // form for a causal call with Lq = Lk = L (the batch size cancels out of the model), at most
 // kMaxQuadraticKeys. The quadratic cost grows as L^2 and the linear one as L, so the choice
