@@ -24,6 +24,8 @@
 #include "attnkit/taylor_attention.hpp"
 #include "attnkit/reference/self_gating_attention.hpp"
 #include "attnkit/self_gating_attention.hpp"
+#include "attnkit/reference/self_gating_attention_backward.hpp"
+#include "attnkit/self_gating_attention_backward.hpp"
 #include "attnkit/reference/static_qk_attention.hpp"
 #include "attnkit/static_qk_attention.hpp"
 #include "attnkit/reference/gated_mlp.hpp"
