@@ -28,6 +28,8 @@
 #include "attnkit/self_gating_attention_backward.hpp"
 #include "attnkit/reference/static_qk_attention.hpp"
 #include "attnkit/static_qk_attention.hpp"
+#include "attnkit/reference/static_qk_attention_backward.hpp"
+#include "attnkit/static_qk_attention_backward.hpp"
 #include "attnkit/reference/gated_mlp.hpp"
 #include "attnkit/gated_mlp.hpp"
 #include "attnkit/reference/gated_mlp_backward.hpp"
