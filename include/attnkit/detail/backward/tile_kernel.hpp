@@ -23,6 +23,13 @@
 //
 // Memory beyond inputs and gradients: per running item the query side packed once (Q and dO
 // rows, dQ accumulators: 3 Lq G max(D, Dv) floats) and one key block's tiles; O(L D).
+//
+// Value sets (attention_problem::n_sets, static QK: one fixed Q/K map for every batch item's V):
+// set t is batch item b + t of d_out, V (at v + t * v_set_stride) and d_v. The sets' values are
+// packed side by side as one value row of n_sets Dv columns, so dP = sum_t dO_t V_t^T is one
+// scores product and dV^T += dO^T P one values product for all sets: with the statistics
+// summed over the sets (D_r = sum_t <dO_t,r, O_t,r>), P, dS, dK and dQ are those of the map,
+// computed once.
 #pragma once
 
 #include <algorithm>
@@ -120,7 +127,8 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
     constexpr index_t BK = TL::kBlockKeys;
     constexpr int MR = TL::kMR;
     const attention_shape& s = p.s;
-    const index_t G = s.group(), D = s.dim, Dv = s.dim_v, Lk = s.len_k;
+    const index_t NS = p.n_sets, Dv1 = s.dim_v;  // value sets, each of Dv1 columns
+    const index_t G = s.group(), D = s.dim, Dv = Dv1 * NS, Lk = s.len_k;
     const index_t n_rows = s.len_q * G, rows_pad = (n_rows + RB - 1) / RB * RB;
     const index_t d_pad = (D + MR - 1) / MR * MR, dv_pad = (Dv + MR - 1) / MR * MR;
     const index_t n_kt = BK / RT;  // key tiles per block
@@ -156,7 +164,7 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
         const index_t pos = r / G, h = hk * G + r % G;
         const QT* qr = p.q.row(b, pos, h);
         for (index_t d = 0; d < D; ++d) qrows[r * d_pad + d] = simd::to_float(qr[d]) * p.q_scale;
-        std::copy_n(dout.row(b, pos, h), Dv, dorows + r * dv_pad);
+        for (index_t t = 0; t < NS; ++t) std::copy_n(dout.row(b + t, pos, h), Dv1, dorows + r * dv_pad + t * Dv1);
     }
     // Per query block: the keys its rows see, and whether its Q and dO rows are finite.
     const index_t n_qb = rows_pad / RB;
@@ -195,7 +203,7 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
     auto write_zero_keys = [&](index_t j0, index_t j1) {
         for (index_t j = j0; j < j1; ++j) {
             std::fill_n(go.d_k.ptr(b, j, hk), D, 0.0f);
-            std::fill_n(go.d_v.ptr(b, j, hk), Dv, 0.0f);
+            for (index_t t = 0; t < NS; ++t) std::fill_n(go.d_v.ptr(b + t, j, hk), Dv1, 0.0f);
         }
     };
     const index_t blk0 = k_lo < k_hi ? k_lo / BK * BK : Lk;
@@ -207,7 +215,7 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
         std::fill(kt, kt + kt_size + vt_size + kr_size + dkt_size + dvt_size, 0.0f);
         for (index_t u = 0; u < nk; ++u) {
             const KVT* kr = kb0 + (j0 + u) * p.k.sl;
-            const KVT* vr = vb0 + (j0 + u) * p.v.sl;
+            const KVT* vr = vb0 + (j0 + u) * p.v.sl;  // set 0
             float* ktile = kt + (u / RT) * D * RT + u % RT;
             float* vtile = vt + (u / RT) * Dv * RT + u % RT;
             for (index_t d = 0; d < D; ++d) {
@@ -215,7 +223,8 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
                 ktile[d * RT] = x;
                 krows[u * d_pad + d] = x;
             }
-            for (index_t c = 0; c < Dv; ++c) vtile[c * RT] = simd::to_float(vr[c]);
+            for (index_t t = 0; t < NS; ++t)
+                for (index_t c = 0; c < Dv1; ++c) vtile[(t * Dv1 + c) * RT] = simd::to_float(vr[t * p.v_set_stride + c]);
         }
         const bool k_finite = all_finite<A>(krows, nk * d_pad) && all_finite<A>(vt, n_kt * Dv * RT);
         gemm_pack_b<GT::kNR>(krows, d_pad, BK, D, kb);
@@ -260,11 +269,14 @@ void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
         // The block's dK and dV are complete.
         for (index_t u = 0; u < nk; ++u) {
             float* dkr = go.d_k.ptr(b, j0 + u, hk);
-            float* dvr = go.d_v.ptr(b, j0 + u, hk);
+
             const float* dkt_u = dkt + (u / RT) * d_pad * RT + u % RT;
             const float* dvt_u = dvt + (u / RT) * dv_pad * RT + u % RT;
             for (index_t d = 0; d < D; ++d) dkr[d] = dkt_u[d * RT] * go.dk_scale;
-            for (index_t c = 0; c < Dv; ++c) dvr[c] = dvt_u[c * RT];
+            for (index_t t = 0; t < NS; ++t) {
+                float* dvr = go.d_v.ptr(b + t, j0 + u, hk);
+                for (index_t c = 0; c < Dv1; ++c) dvr[c] = dvt_u[(t * Dv1 + c) * RT];
+            }
         }
     }
     write_zero_keys(std::max(blk0, std::min(Lk, (k_hi + BK - 1) / BK * BK)), Lk);

@@ -43,6 +43,27 @@ attention_shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const vie
     return s;
 }
 
+// The backward call (self_gating_attention_backward.hpp and its oracle): the forward's
+// arguments exactly as check_call takes them, d_out shaped like out, gradients shaped like q, k
+// and v with a contiguous last dimension, none of them overlapping another or any input.
+template <class TQ, class TK, class TV, class TO, class TD, class TG>
+attention_shape check_backward(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v,
+                               const view<TO, 4>& out, const view<TD, 4>& d_out, const view<TG, 4>& d_q,
+                               const view<TG, 4>& d_k, const view<TG, 4>& d_v, const self_gating_options& opts) {
+    const attention_shape s = check_call(q, k, v, out, opts);
+    check_out("d_out", d_out, s);
+    check_layout("d_q", d_q);
+    check_shape("d_q", d_q, {s.batch, s.len_q, s.heads, s.dim}, "[B, L, H, D]");
+    check_layout("d_k", d_k);
+    check_shape("d_k", d_k, {s.batch, s.len_k, s.heads_k, s.dim}, "[B, L, Hk, D]");
+    check_layout("d_v", d_v);
+    check_shape("d_v", d_v, {s.batch, s.len_k, s.heads_k, s.dim_v}, "[B, L, Hk, Dv]");
+    check_outputs_apart({region_of("d_q", d_q), region_of("d_k", d_k), region_of("d_v", d_v)},
+                        {region_of("q", q), region_of("k", k), region_of("v", v), region_of("out", out),
+                         region_of("d_out", d_out)});
+    return s;
+}
+
 // The fixed sizes of a self_gating_state, checked at construction (detail/check.hpp: the sizes,
 // and key_lengths empty as for every decode state), and the scale.
 inline void check_state_sizes(index_t batch, index_t heads, index_t heads_kv, index_t dim, index_t dim_v,

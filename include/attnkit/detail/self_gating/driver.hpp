@@ -70,14 +70,19 @@ struct prefix_table {
     std::unique_ptr<std::atomic<int>[]> ready;
 
     prefix_table(const problem& p, index_t chunks, const state_arrays* init)
-        : nc(chunks), nh(p.heads), dvp(p.dim_vp) {
-        const index_t slots = p.batch * (nc + 1);
+        : prefix_table(p.batch, p.heads, p.dim_vp, chunks, init) {}
+    // The table alone: `batch` items of `chunks` + 1 slots of `heads` states; slot 0 of every
+    // item is `init` (or empty) and ready. The backward (backward.hpp) keeps its suffix states
+    // here, slot t holding the state of the last t chunks of an item.
+    prefix_table(index_t batch, index_t heads, index_t dim_vp, index_t chunks, const state_arrays* init)
+        : nc(chunks), nh(heads), dvp(dim_vp) {
+        const index_t slots = batch * (nc + 1);
         m.assign(static_cast<std::size_t>(slots * nh), -HUGE_VALF);
         z.assign(static_cast<std::size_t>(slots * nh), 0.0f);
         n.assign(static_cast<std::size_t>(slots * nh * dvp), 0.0f);
         ready.reset(new std::atomic<int>[static_cast<std::size_t>(slots)]);
         for (index_t s = 0; s < slots; ++s) ready[s].store(0, std::memory_order_relaxed);
-        for (index_t b = 0; b < p.batch; ++b) {
+        for (index_t b = 0; b < batch; ++b) {
             if (init) copy_state(at(b, 0), {init->m + b * nh, init->z + b * nh, init->n + b * nh * dvp}, nh, dvp);
             ready[b * (nc + 1)].store(1, std::memory_order_release);
         }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -27,6 +28,30 @@ ATTNKIT_ALWAYS_INLINE void store_heads(float* x, const simd::vfloat<A>& v, index
         simd::storeu(x, v);
     else
         simd::store_partial(x, v, cnt);
+}
+
+// One token's gates gate[nh] entering the states (m, z) of nh heads, W heads at a time. A gate
+// above m is the new max (also the first token: exp(-inf) = 0) and rescales: e = exp(m - g),
+// z = z e + 1 (the caller then makes n = n e + v); one below it (or NaN, which then propagates
+// into z and n) adds e = exp(g - m): z += e (n += e v). A gate of -inf weighs 0 even while the
+// state is empty (where exp(-inf - -inf) would be NaN). up[h] = 1 where the max rose. The
+// forward scan and the backward's row statistics (backward.hpp) both advance through here, so
+// the backward sees the forward's very (m, z).
+template <class A>
+ATTNKIT_ALWAYS_INLINE void advance_states(const float* gate, float* m, float* z, float* e, float* up, index_t nh) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    for (index_t hh = 0; hh < nh; hh += W) {
+        const index_t cnt = std::min(W, nh - hh);
+        const V g = load_heads<A>(gate + hh, cnt), mv = load_heads<A>(m + hh, cnt), zv = load_heads<A>(z + hh, cnt);
+        const auto raise = g > mv;
+        V ev = simd::exp(simd::select(raise, mv - g, g - mv));
+        ev = simd::select(g == V(-HUGE_VALF), V(0.0f), ev);
+        store_heads<A>(e + hh, ev, cnt);
+        store_heads<A>(up + hh, simd::select(raise, V(1.0f), V(0.0f)), cnt);
+        store_heads<A>(z + hh, simd::select(raise, simd::fma(zv, ev, V(1.0f)), zv + ev), cnt);
+        store_heads<A>(m + hh, simd::select(raise, g, mv), cnt);
+    }
 }
 
 // inv[h] = 1 / z[h], or 0 for an empty state, for nh heads.

@@ -157,8 +157,6 @@ template <class A>
 ATTNKIT_NOINLINE void scan_rows(const problem& p, index_t b, index_t hk0, index_t hk1, index_t l0, index_t l1,
                                 states& st, const row_dest* dst, float* mz, bool stream,
                                 const state_ref* pre = nullptr) {
-    using V = simd::vfloat<A>;
-    constexpr index_t W = simd::kLanes<A>;
     constexpr index_t kAhead = 1;
     const index_t G = p.group, nh = (hk1 - hk0) * G, dv = p.dim_v, dvp = p.dim_vp;
     const index_t h0 = hk0 * G;
@@ -184,23 +182,9 @@ ATTNKIT_NOINLINE void scan_rows(const problem& p, index_t b, index_t hk0, index_
                 }
             }
         }
-        // The state scalars of every head at once. A gate above m is the new max (also the
-        // first token: exp(-inf) = 0) and rescales: e = exp(m - g), z = z e + 1, n = n e + v.
-        // One below it (or NaN, which then propagates into z and n) adds e = exp(g - m):
-        // z += e, n += e v. A gate of -inf weighs 0 even while the state is empty (where
-        // exp(-inf - -inf) would be NaN).
-        for (index_t hh = 0; hh < nh; hh += W) {
-            const index_t cnt = std::min(W, nh - hh);
-            const V g = load_heads<A>(st.gate.data() + hh, cnt), mv = load_heads<A>(m + hh, cnt),
-                    zv = load_heads<A>(z + hh, cnt);
-            const auto raise = g > mv;
-            V ev = simd::exp(simd::select(raise, mv - g, g - mv));
-            ev = simd::select(g == V(-HUGE_VALF), V(0.0f), ev);
-            store_heads<A>(e + hh, ev, cnt);
-            store_heads<A>(up + hh, simd::select(raise, V(1.0f), V(0.0f)), cnt);
-            store_heads<A>(z + hh, simd::select(raise, simd::fma(zv, ev, V(1.0f)), zv + ev), cnt);
-            store_heads<A>(m + hh, simd::select(raise, g, mv), cnt);
-        }
+        // The state scalars of every head at once (advance_states); then n = n e + v where the
+        // gate raised the max, n += e v elsewhere.
+        advance_states<A>(st.gate.data(), m, z, e, up, nh);
         if (dst && !pre) {
             float* mzr = mz + 2 * nh * (l - l0);
             std::copy(m, m + nh, mzr);

@@ -107,6 +107,32 @@ void check_apart(const view<TQ, 4>& qf, const view<TK, 4>& kf, const view<TV, 4>
     check_outputs_apart({region_of("out", out)}, {region_of("q_fixed", qf), region_of("k_fixed", kf), region_of("v", v)});
 }
 
+// The backward of static_qk_attention (static_qk_attention_backward.hpp and its oracle): the
+// forward's arguments as the forward checks them, d_out shaped like out, d_q_fixed and d_k_fixed
+// shaped like the stream, d_v like v, each with a contiguous last dimension, none overlapping
+// another or any input.
+template <class TQ, class TK, class TV, class TO, class TD, class TG>
+values_shape check_backward(const view<TQ, 4>& qf, const view<TK, 4>& kf, const view<TV, 4>& v, const view<TO, 4>& out,
+                            const view<TD, 4>& d_out, const view<TG, 4>& d_qf, const view<TG, 4>& d_kf,
+                            const view<TG, 4>& d_v, const static_qk_options& opts, stream_shape& st) {
+    st = check_stream(qf, kf);
+    const values_shape s = check_values(v, out, st.max_len, st.heads, st.heads_k, false);
+    check_options(opts);
+    check_apart(qf, kf, v, out);
+    check_layout("d_out", d_out);
+    check_shape("d_out", d_out, {s.batch, s.len, st.heads, s.dim_v}, "[B, L, H, Dv]");
+    check_layout("d_q_fixed", d_qf);
+    check_shape("d_q_fixed", d_qf, {1, st.max_len, st.heads, st.dim}, "[1, Lmax, H, D]");
+    check_layout("d_k_fixed", d_kf);
+    check_shape("d_k_fixed", d_kf, {1, st.max_len, st.heads_k, st.dim}, "[1, Lmax, Hk, D]");
+    check_layout("d_v", d_v);
+    check_shape("d_v", d_v, {s.batch, s.len, st.heads_k, s.dim_v}, "[B, L, Hk, Dv]");
+    check_outputs_apart({region_of("d_q_fixed", d_qf), region_of("d_k_fixed", d_kf), region_of("d_v", d_v)},
+                        {region_of("q_fixed", qf), region_of("k_fixed", kf), region_of("v", v), region_of("out", out),
+                         region_of("d_out", d_out)});
+    return s;
+}
+
 // A given causal mixing matrix, one square [Lmax, Lmax] block per head.
 template <class TW>
 stream_shape check_weights(const view<TW, 3>& w, index_t heads_k) {
@@ -130,6 +156,31 @@ index_t map_kv_heads(const view<TV, 4>& v, index_t heads, index_t heads_k) {
         fail("v: key/value heads Hk = " + str(hk) + " must divide the map's H = " + str(heads) +
              " (layout [B, L, Hk, Dv]), got " + shape_string(v));
     return hk;
+}
+
+// The backward of a from_weights map applied to all L rows of v (static_attention_map_backward
+// and its oracle): w [H, Lmax, Lmax], v [B, L, Hk, Dv] with L <= Lmax and Hk dividing H, d_out
+// [B, L, H, Dv], d_w shaped like w, d_v like v; gradients apart from each other and the inputs.
+template <class TW, class TV, class TD, class TG>
+values_shape check_map_backward(const view<TW, 3>& w, const view<TV, 4>& v, const view<TD, 4>& d_out,
+                                const view<TG, 3>& d_w, const view<TG, 4>& d_v) {
+    const stream_shape st = check_weights(w, 0);
+    check_layout("v", v);
+    const index_t hk = map_kv_heads(v, st.heads, 0);
+    const values_shape s{v.dims[0], v.dims[1], v.dims[1], st.heads, hk, v.dims[3]};
+    if (s.dim_v < 1) fail("v: head dim must be >= 1, got " + shape_string(v));
+    if (s.len > st.max_len)
+        fail("v: length L = " + str(s.len) + " exceeds the map's Lmax = " + str(st.max_len) + " (v " + shape_string(v) +
+             ", w " + shape_string(w) + ")");
+    check_layout("d_out", d_out);
+    check_shape("d_out", d_out, {s.batch, s.len, st.heads, s.dim_v}, "[B, L, H, Dv]");
+    check_layout("d_w", d_w);
+    check_shape("d_w", d_w, {st.heads, st.max_len, st.max_len}, "[H, Lmax, Lmax]");
+    check_layout("d_v", d_v);
+    check_shape("d_v", d_v, {s.batch, s.len, hk, s.dim_v}, "[B, L, Hk, Dv]");
+    check_outputs_apart({region_of("d_w", d_w), region_of("d_v", d_v)},
+                        {region_of("w", w), region_of("v", v), region_of("d_out", d_out)});
+    return s;
 }
 
 }  // namespace static_qk

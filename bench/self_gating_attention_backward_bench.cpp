@@ -1,0 +1,146 @@
+// attnkit benchmarks: the backward pass of self-gating ("Non-approximate") attention, memory-bound.
+//
+// Families (names "<family>/L:../D:../H:../causal:1/threads:N"), B = 1, H = Hk = 8, D = Dv = 128,
+// causal, L in {4096, 32768}, threads 1 and 2:
+//   backward  attnkit::self_gating_attention_backward
+//   forward   attnkit::self_gating_attention on the same inputs (the pass a training step runs first)
+// Counters: GB/s = the bytes one backward must move once (q, k, v, out and d_out read; d_q, d_k
+// and d_v written: 8 L H D floats) per second, for both families, so that their times compare;
+// bw_frac = that over the 8-stream DRAM read bandwidth measured in the same run with as many
+// threads (common/bench_main.hpp). The backward reads q and k twice (its gates pass, then the
+// reverse scan): the counted bytes are the minimum, not what crosses the bus.
+// After the timed loop the gradients are checked: finite, and a few tokens of two heads against a
+// double recomputation, otherwise SkipWithError.
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include "attnkit/eigen.hpp"
+
+#include "attnkit/self_gating_attention.hpp"
+#include "attnkit/self_gating_attention_backward.hpp"
+#include "common/bench_main.hpp"
+#include "common/machine.hpp"
+
+namespace attnkit_bench {
+namespace {
+
+using tensor4 = Eigen::Tensor<float, 4, Eigen::RowMajor>;
+constexpr std::int64_t kH = 8, kD = 128;
+
+struct inputs {
+    tensor4 q, k, v, out, dout;
+};
+
+const inputs& inputs_for(std::int64_t L) {
+    static std::map<std::int64_t, std::unique_ptr<inputs>> cache;
+    auto& p = cache[L];
+    if (!p) {
+        p = std::make_unique<inputs>();
+        std::uint64_t s = 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(L);
+        auto next = [&] {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            return static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-53);
+        };
+        for (tensor4* t : {&p->q, &p->k, &p->v, &p->dout}) {
+            t->resize(1, L, kH, kD);
+            for (std::int64_t i = 0; i < t->size(); ++i) t->data()[i] = (next() + next() + next() - 1.5f) * 2.0f;
+        }
+        p->out.resize(1, L, kH, kD);
+        attnkit::self_gating_options o;
+        o.causal = true;
+        attnkit::self_gating_attention(p->q, p->k, p->v, p->out, o);
+    }
+    return *p;
+}
+
+double bytes_of(std::int64_t L) { return 8.0 * static_cast<double>(L * kH * kD) * sizeof(float); }
+
+// Tokens j of heads 0 and H-1 against a double recomputation of d_v_j = sum_{i >= j} w_ij dO_i
+// and d_q_j = scale k_j sum_{i >= j} w_ij (<dO_i, v_j> - <dO_i, O_i>).
+bool check(const inputs& in, const tensor4& dq, const tensor4& dv, std::string& why) {
+    for (const tensor4* t : {&dq, &dv})
+        for (std::int64_t i = 0; i < t->size(); ++i)
+            if (!std::isfinite(t->data()[i])) return why = "non-finite gradient", false;
+    const std::int64_t L = in.q.dimension(1);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(kD));
+    for (std::int64_t h : {std::int64_t(0), kH - 1}) {
+        std::vector<double> g(static_cast<std::size_t>(L)), m(g.size()), z(g.size());
+        double mm = -HUGE_VAL, zz = 0;
+        for (std::int64_t j = 0; j < L; ++j) {
+            double s = 0;
+            for (std::int64_t d = 0; d < kD; ++d) s += double(in.q(0, j, h, d)) * double(in.k(0, j, h, d));
+            g[j] = scale * s;
+            const double nm = std::max(mm, g[j]);
+            zz = zz * std::exp(mm - nm) + std::exp(g[j] - nm);
+            mm = nm;
+            m[j] = mm, z[j] = zz;
+        }
+        for (std::int64_t j : {L - 1, L - 2, L - 64}) {
+            double dqs = 0;
+            std::vector<double> dvj(kD, 0.0);
+            for (std::int64_t i = j; i < L; ++i) {
+                const double w = std::exp(g[j] - m[i]) / z[i];
+                double a = 0, b = 0;
+                for (std::int64_t c = 0; c < kD; ++c) {
+                    a += double(in.dout(0, i, h, c)) * double(in.v(0, j, h, c));
+                    b += double(in.dout(0, i, h, c)) * double(in.out(0, i, h, c));
+                    dvj[c] += w * in.dout(0, i, h, c);
+                }
+                dqs += w * (a - b);
+            }
+            for (std::int64_t c = 0; c < kD; ++c) {
+                if (std::fabs(dvj[c] - dv(0, j, h, c)) > 1e-3 * (1.0 + std::fabs(dvj[c])))
+                    return why = "d_v of token " + std::to_string(j) + " differs", false;
+                const double want = scale * dqs * in.k(0, j, h, c);
+                if (std::fabs(want - dq(0, j, h, c)) > 1e-3 * (1.0 + std::fabs(want)))
+                    return why = "d_q of token " + std::to_string(j) + " differs", false;
+            }
+        }
+    }
+    return true;
+}
+
+void BM_case(benchmark::State& state, bool backward, std::int64_t L, int threads) {
+    const inputs& in = inputs_for(L);
+    tensor4 dq(1, L, kH, kD), dk(1, L, kH, kD), dv(1, L, kH, kD), out(1, L, kH, kD);
+    attnkit::self_gating_options o;
+    o.causal = true;
+    o.pool = shared_pool(threads);
+    // One untimed call: the gradients' pages are faulted in here, not in the first timed call.
+    attnkit::self_gating_attention_backward(in.q, in.k, in.v, in.out, in.dout, dq, dk, dv, o);
+    attnkit::self_gating_attention(in.q, in.k, in.v, out, o);
+    for (auto _ : state) {
+        if (backward)
+            attnkit::self_gating_attention_backward(in.q, in.k, in.v, in.out, in.dout, dq, dk, dv, o);
+        else
+            attnkit::self_gating_attention(in.q, in.k, in.v, out, o);
+        benchmark::ClobberMemory();
+    }
+    std::string why;
+    if (backward && !check(in, dq, dv, why)) state.SkipWithError(why.c_str());
+    state.counters["GB/s"] = benchmark::Counter(bytes_of(L) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["bw_frac"] =
+        benchmark::Counter(bytes_of(L) / dram_read_bandwidth(threads), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void register_all() {
+    for (std::int64_t L : {4096, 32768})
+        for (int t : kThreadCounts)
+            for (bool backward : {true, false}) {
+                const std::string name = std::string(backward ? "backward" : "forward") + "/L:" + std::to_string(L) +
+                                         "/D:128/H:8/causal:1/threads:" + std::to_string(t);
+                benchmark::RegisterBenchmark(name.c_str(), BM_case, backward, L, t)
+                    ->UseRealTime()
+                    ->Unit(benchmark::kMillisecond);
+            }
+}
+
+}  // namespace
+}  // namespace attnkit_bench
+
+int main(int argc, char** argv) { return attnkit_bench::bench_main(argc, argv, [] { attnkit_bench::register_all(); }); }

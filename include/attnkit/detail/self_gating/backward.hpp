@@ -1,0 +1,451 @@
+// The backward pass of the self-gating scan (docs/variants.md section 3, the maths of
+// reference/self_gating_attention_backward.hpp without the L x L matrix).
+//
+// Per batch item and query head, row i's weights are w_ij = exp(g_j) / Z_i over the tokens j it
+// sees, Z_i = exp(M_i) z_i with the forward's running state (M_i, z_i) at row i. With
+// a_i = 1 / z_i and, causal, the suffix sums over the rows that see token j,
+//   S_j = sum_{i >= j} exp(M_j - M_i) a_i dO_i        (a vector of Dv)
+//   r_j = sum_{i >= j} exp(M_j - M_i) a_i <dO_i, O_i>
+// the gradients are, with e_j = exp(g_j - M_j):
+//   d_v_j = e_j S_j,   dg_j = e_j (<v_j, S_j> - r_j),   d_q_j = scale dg_j k_j,   d_k_j = scale dg_j q_j
+// (d_k and d_v summed over the query heads of a key/value head). Everything is in the forward's
+// max-shifted form: M is non-decreasing in i, so every exponential above is <= 1 and gates of
+// 1e3 neither overflow nor leave 0 / 0 (exp(g_j) / Z_i is never formed). Without the causal mask
+// every row sees every visible token: S and r are the sums over all rows, the same for every j.
+//
+// Two passes over the sequence. Pass 1 reads q and k: the gates (scan.hpp's gates_at) and each
+// row's (M, a) through the forward's own state update (head_ops.hpp's advance_states), kept as
+// three floats per row and head. Pass 2 runs from the last position to the first and reads q,
+// k, v, out and d_out once, writing d_q, d_k and d_v once (streamed when large).
+//
+// Threads in pass 2 (causal): the forward's chunks of chunk_len() positions, taken from the
+// right, and its decoupled look-back (driver.hpp's prefix_table, here holding suffix states: slot
+// t of an item is the state of its last t chunks, at the reference M of the first row it covers).
+// A chunk always scans its own rows from zero (S_loc) and combines each row with the suffix of
+// the chunks after it, S_j = S_loc_j + exp(M_j - M_next) S_next (fix_suffix); so the arithmetic
+// is fixed by the shapes, and results are bitwise identical for any thread count. A chunk that
+// finds its successor's state published (always, with one thread) computes its gradients in one
+// scan and publishes at the end; one that does not first scans d_out and out alone (2 of the 5
+// streams) to publish its own state as soon as the successor's arrives, then does the full scan.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "attnkit/detail/self_gating/driver.hpp"
+#include "attnkit/detail/self_gating/scan.hpp"
+#include "attnkit/thread_pool.hpp"
+
+namespace attnkit {
+namespace detail {
+namespace self_gating {
+
+// Destination rows of a gradient: base + b sb + l sl + h sh.
+struct grad_rows {
+    float* base = nullptr;
+    index_t sb = 0, sl = 0, sh = 0;
+    float* row(index_t b, index_t l, index_t h) const { return base + b * sb + l * sl + h * sh; }
+};
+
+// One backward call: the forward's problem (q, k, v rows, shapes, scale, visible tokens; its out
+// fields unused), out and d_out, the gradients and the row statistics of pass 1.
+struct grad_problem {
+    problem fw;
+    strided_rows o, dout;
+    grad_rows dq, dk, dv;
+    index_t dim_p = 0;   // D rounded up to the lane width: the d_k accumulator's length
+    bool stream = false;  // non-temporal stores of the gradient rows
+    // Pass 1, [B][L][H] each: the gate, the max M and a = 1 / z of the forward's state at the row.
+    std::vector<float> gate, mx, inv;
+
+    const float* at(const std::vector<float>& x, index_t b, index_t l) const {
+        return x.data() + (b * fw.len + l) * fw.heads;
+    }
+};
+
+// Per-worker state of pass 2: the chunk-local suffix (sl, rl), the combined one of the current
+// row (s, r), per-head scalars, and the accumulators of one key/value head's d_k and d_v rows.
+struct grad_states {
+    std::vector<float> sl, rl, s, r, rho, w, e, acc_k, acc_v;
+    void resize(const grad_problem& g) {
+        const std::size_t nh = static_cast<std::size_t>(g.fw.heads), dvp = static_cast<std::size_t>(g.fw.dim_vp);
+        sl.assign(nh * dvp, 0.0f);
+        s.assign(nh * dvp, 0.0f);
+        for (std::vector<float>* x : {&rl, &r, &rho, &w, &e}) x->assign(nh, 0.0f);
+        acc_k.assign(static_cast<std::size_t>(g.dim_p), 0.0f);
+        acc_v.assign(dvp, 0.0f);
+    }
+    void clear() {
+        std::fill(sl.begin(), sl.end(), 0.0f);
+        std::fill(rl.begin(), rl.end(), 0.0f);
+    }
+};
+
+// exp(a - b) for a <= b (a row's max against a later row's): 0 where either is -inf (a state
+// that has seen no weighted token yet, or an empty suffix), so that -inf - -inf never makes NaN.
+template <class A>
+ATTNKIT_ALWAYS_INLINE simd::vfloat<A> shift(const simd::vfloat<A>& a, const simd::vfloat<A>& b) {
+    using V = simd::vfloat<A>;
+    const V ninf(-HUGE_VALF);
+    return simd::select((a == ninf) || (b == ninf), V(0.0f), simd::exp(a - b));
+}
+
+// Pass 1 over positions [l0, l1) of item b: gate[b][l][h] for every head.
+template <class A>
+ATTNKIT_NOINLINE void gate_rows(grad_problem& g, index_t b, index_t l0, index_t l1, const index_t* kv_head) {
+    const problem& p = g.fw;
+    for (index_t l = l0; l < l1; ++l) {
+        gates_at<A>(p, b, l, 0, p.heads, kv_head, g.gate.data() + (b * p.len + l) * p.heads);
+        if (l + 1 < l1)
+            for (index_t h = 0; h < p.heads; ++h) {
+                const float* qn = p.q.row(b, l + 1, h);
+                for (index_t c = 0; c < p.dim; c += 16) ATTNKIT_PREFETCH(qn + c);
+                if (h % p.group == 0) {
+                    const float* kn = p.k.row(b, l + 1, h / p.group);
+                    for (index_t c = 0; c < p.dim; c += 16) ATTNKIT_PREFETCH(kn + c);
+                }
+            }
+    }
+}
+
+// Pass 1, the row statistics of item b from its gates: the forward's state after each visible
+// token (advance_states, as the forward scan advances it). Causal rows past the visible tokens,
+// and every row without the causal mask, see all visible tokens: they get the last state.
+template <class A>
+ATTNKIT_NOINLINE void row_stats(grad_problem& g, index_t b, states& st) {
+    const problem& p = g.fw;
+    const index_t H = p.heads, L = p.len, nv = p.visible[static_cast<std::size_t>(b)];
+    st.clear();
+    for (index_t l = 0; l < nv; ++l) {
+        const float* gt = g.at(g.gate, b, l);
+        advance_states<A>(gt, st.m.data(), st.z.data(), st.e.data(), st.up.data(), H);
+        if (p.causal) {
+            std::copy(st.m.begin(), st.m.end(), g.mx.begin() + (b * L + l) * H);
+            inverse_sums<A>(st.z.data(), H, g.inv.data() + (b * L + l) * H);
+        }
+    }
+    inverse_sums<A>(st.z.data(), H, st.inv_z.data());
+    for (index_t l = p.causal ? nv : 0; l < L; ++l) {
+        std::copy(st.m.begin(), st.m.end(), g.mx.begin() + (b * L + l) * H);
+        std::copy(st.inv_z.begin(), st.inv_z.end(), g.inv.begin() + (b * L + l) * H);
+    }
+}
+
+// The local suffix of row l of item b: sl = sl exp(M_l - M_{l+1}) + a_l dO_l and likewise rl
+// with <dO_l, O_l>; `first`: the first row of a local scan (nothing to carry). rho is scratch.
+template <class A>
+ATTNKIT_NOINLINE void suffix_step(const grad_problem& g, index_t b, index_t l, bool first, grad_states& st) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    const problem& p = g.fw;
+    const index_t nh = p.heads, dv = p.dim_v, dvp = p.dim_vp;
+    const float* M = g.at(g.mx, b, l);
+    const float* a = g.at(g.inv, b, l);
+    for (index_t hh = 0; hh < nh; hh += W) {
+        const index_t cnt = std::min(W, nh - hh);
+        const V rho = first ? V(0.0f) : shift<A>(load_heads<A>(M + hh, cnt), load_heads<A>(g.at(g.mx, b, l + 1) + hh, cnt));
+        store_heads<A>(st.rho.data() + hh, rho, cnt);
+    }
+    for (index_t h = 0; h < nh; ++h) {
+        const float* d = g.dout.row(b, l, h);
+        const float* o = g.o.row(b, l, h);
+        float* S = st.sl.data() + h * dvp;
+        const V av(a[h]), rv(st.rho[static_cast<std::size_t>(h)]);
+        V acc0(0.0f), acc1(0.0f);
+        index_t c = 0;
+        for (; c + 2 * W <= dv; c += 2 * W) {
+            const V d0 = simd::loadu<A>(d + c), d1 = simd::loadu<A>(d + c + W);
+            simd::storeu(S + c, simd::fma(simd::loadu<A>(S + c), rv, d0 * av));
+            simd::storeu(S + c + W, simd::fma(simd::loadu<A>(S + c + W), rv, d1 * av));
+            acc0 = simd::fma(d0, simd::loadu<A>(o + c), acc0);
+            acc1 = simd::fma(d1, simd::loadu<A>(o + c + W), acc1);
+        }
+        for (; c < dv; c += W) {
+            const index_t n = std::min(W, dv - c);
+            const V d0 = simd::load_partial<A>(d + c, n);
+            simd::storeu(S + c, simd::fma(simd::loadu<A>(S + c), rv, d0 * av));
+            acc0 = simd::fma(d0, simd::load_partial<A>(o + c, n), acc0);
+        }
+        const float dot = simd::hsum(acc0 + acc1);
+        float& rl = st.rl[static_cast<std::size_t>(h)];
+        rl = std::fma(rl, st.rho[static_cast<std::size_t>(h)], a[h] * dot);
+    }
+}
+
+// The suffix of row l (at the reference M_l): the local one combined with the suffix `next` of
+// the chunks after it (next.m its reference, next.z its r, next.n its S; an empty one has
+// m = -inf and weighs 0). Written to (s, r), and m = M_l where given: the one combination of
+// every row and of every published state.
+template <class A>
+ATTNKIT_NOINLINE void fix_suffix(const grad_problem& g, index_t b, index_t l, grad_states& st, const state_ref& next,
+                                 float* s, float* r, float* m) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    const index_t nh = g.fw.heads, dvp = g.fw.dim_vp;
+    const float* M = g.at(g.mx, b, l);
+    for (index_t hh = 0; hh < nh; hh += W) {
+        const index_t cnt = std::min(W, nh - hh);
+        const V w = shift<A>(load_heads<A>(M + hh, cnt), load_heads<A>(next.m + hh, cnt));
+        store_heads<A>(st.w.data() + hh, w, cnt);
+        store_heads<A>(r + hh, simd::fma(load_heads<A>(next.z + hh, cnt), w, load_heads<A>(st.rl.data() + hh, cnt)), cnt);
+        if (m) std::copy(M + hh, M + hh + cnt, m + hh);
+    }
+    for (index_t h = 0; h < nh; ++h) {
+        const V w(st.w[static_cast<std::size_t>(h)]);
+        const float* sn = next.n + h * dvp;
+        const float* sl = st.sl.data() + h * dvp;
+        float* so = s + h * dvp;
+        for (index_t c = 0; c < dvp; c += W) simd::storeu(so + c, simd::fma(simd::loadu<A>(sn + c), w, simd::loadu<A>(sl + c)));
+    }
+}
+
+// Stores n floats of x at dst (x padded to the lane width), streamed where asked and aligned.
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_grad(float* dst, const float* x, index_t n, bool stream) {
+    constexpr index_t W = simd::kLanes<A>;
+    index_t c = 0;
+    if (stream && simd::stream_aligned<A>(dst))
+        for (; c + W <= n; c += W) simd::stream_store(dst + c, simd::loadu<A>(x + c));
+    else
+        for (; c + W <= n; c += W) simd::storeu(dst + c, simd::loadu<A>(x + c));
+    if (c < n) simd::store_partial(dst + c, simd::loadu<A>(x + c), n - c);
+}
+
+// Zero gradients of token l of item b (masked: no row sees it).
+template <class A>
+ATTNKIT_NOINLINE void zero_token(const grad_problem& g, index_t b, index_t l, grad_states& st) {
+    const problem& p = g.fw;
+    std::fill(st.acc_k.begin(), st.acc_k.end(), 0.0f);
+    std::fill(st.acc_v.begin(), st.acc_v.end(), 0.0f);
+    for (index_t h = 0; h < p.heads; ++h) store_grad<A>(g.dq.row(b, l, h), st.acc_k.data(), p.dim, g.stream);
+    for (index_t hk = 0; hk < p.heads_kv; ++hk) {
+        store_grad<A>(g.dk.row(b, l, hk), st.acc_k.data(), p.dim, g.stream);
+        store_grad<A>(g.dv.row(b, l, hk), st.acc_v.data(), p.dim_v, g.stream);
+    }
+}
+
+// The gradients of token l of item b from its suffix (s, r) (fix_suffix): e = exp(g - M) (0 for a
+// gate of -inf, which weighs nothing), then per key/value head the d_q rows of its query heads
+// and its d_k and d_v rows, the query heads summed in order.
+template <class A>
+ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, grad_states& st) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    const problem& p = g.fw;
+    const index_t nh = p.heads, G = p.group, D = p.dim, dv = p.dim_v, dvp = p.dim_vp;
+    const float* M = g.at(g.mx, b, l);
+    const float* gt = g.at(g.gate, b, l);
+    for (index_t hh = 0; hh < nh; hh += W) {
+        const index_t cnt = std::min(W, nh - hh);
+        const V gv = load_heads<A>(gt + hh, cnt);
+        const V e = simd::select(gv == V(-HUGE_VALF), V(0.0f), simd::exp(gv - load_heads<A>(M + hh, cnt)));
+        store_heads<A>(st.e.data() + hh, e, cnt);
+    }
+    float* ak = st.acc_k.data();
+    float* av = st.acc_v.data();
+    for (index_t hk = 0; hk < p.heads_kv; ++hk) {
+        const float* kr = p.k.row(b, l, hk);
+        const float* vr = p.v.row(b, l, hk);
+        for (index_t gi = 0; gi < G; ++gi) {
+            const index_t h = hk * G + gi;
+            const float* S = st.s.data() + h * dvp;
+            // <v, S>: S is zero past dv, v is loaded partially there.
+            V t0(0.0f), t1(0.0f);
+            index_t c = 0;
+            for (; c + 2 * W <= dv; c += 2 * W) {
+                t0 = simd::fma(simd::loadu<A>(vr + c), simd::loadu<A>(S + c), t0);
+                t1 = simd::fma(simd::loadu<A>(vr + c + W), simd::loadu<A>(S + c + W), t1);
+            }
+            for (; c < dv; c += W) t0 = simd::fma(simd::load_partial<A>(vr + c, std::min(W, dv - c)), simd::loadu<A>(S + c), t0);
+            const float e = st.e[static_cast<std::size_t>(h)];
+            const float sd = p.scale * (e * (simd::hsum(t0 + t1) - st.r[static_cast<std::size_t>(h)]));
+            const V ev(e), sv(sd);
+            for (c = 0; c < dvp; c += W)
+                simd::storeu(av + c, gi == 0 ? ev * simd::loadu<A>(S + c) : simd::fma(ev, simd::loadu<A>(S + c), simd::loadu<A>(av + c)));
+            const float* qr = p.q.row(b, l, h);
+            float* dq = g.dq.row(b, l, h);
+            const bool st_q = g.stream && simd::stream_aligned<A>(dq);
+            for (c = 0; c + W <= D; c += W) {
+                const V qv = simd::loadu<A>(qr + c);
+                simd::storeu(ak + c, gi == 0 ? sv * qv : simd::fma(sv, qv, simd::loadu<A>(ak + c)));
+                const V dqv = sv * simd::loadu<A>(kr + c);
+                if (st_q)
+                    simd::stream_store(dq + c, dqv);
+                else
+                    simd::storeu(dq + c, dqv);
+            }
+            if (c < D) {
+                const V qv = simd::load_partial<A>(qr + c, D - c);
+                simd::storeu(ak + c, gi == 0 ? sv * qv : simd::fma(sv, qv, simd::loadu<A>(ak + c)));
+                simd::store_partial(dq + c, sv * simd::load_partial<A>(kr + c, D - c), D - c);
+            }
+        }
+        store_grad<A>(g.dk.row(b, l, hk), ak, D, g.stream);
+        store_grad<A>(g.dv.row(b, l, hk), av, dv, g.stream);
+    }
+}
+
+// Hints for the rows of position l (the next one a descending scan reads): each position's rows
+// start new 4 KiB pages, where the hardware prefetchers stop (as in the forward scan).
+inline void prefetch_position(const grad_problem& g, index_t b, index_t l, bool all) {
+    const problem& p = g.fw;
+    for (index_t h = 0; h < p.heads; ++h) {
+        const float* d = g.dout.row(b, l, h);
+        const float* o = g.o.row(b, l, h);
+        for (index_t c = 0; c < p.dim_v; c += 16) {
+            ATTNKIT_PREFETCH(d + c);
+            ATTNKIT_PREFETCH(o + c);
+        }
+        if (!all) continue;
+        const float* q = p.q.row(b, l, h);
+        for (index_t c = 0; c < p.dim; c += 16) ATTNKIT_PREFETCH(q + c);
+        if (h % p.group == 0) {
+            const float* k = p.k.row(b, l, h / p.group);
+            const float* v = p.v.row(b, l, h / p.group);
+            for (index_t c = 0; c < p.dim; c += 16) ATTNKIT_PREFETCH(k + c);
+            for (index_t c = 0; c < p.dim_v; c += 16) ATTNKIT_PREFETCH(v + c);
+        }
+    }
+}
+
+// Pass 1 on the pool: gates by (item, chunk), then the row statistics by item.
+template <class A>
+void run_stats(grad_problem& g, thread_pool* pool, index_t C, index_t nc) {
+    const problem& p = g.fw;
+    const std::size_t n = static_cast<std::size_t>(p.batch * p.len * p.heads);
+    g.gate.assign(n, 0.0f);
+    g.mx.assign(n, -HUGE_VALF);
+    g.inv.assign(n, 0.0f);
+    parallel_for(pool, p.batch * nc, [&](std::int64_t it) {
+        const index_t b = it / nc, c0 = (it % nc) * C, c1 = std::min(c0 + C, p.visible[static_cast<std::size_t>(b)]);
+        if (c0 >= c1) return;
+        std::vector<index_t> kv_head(static_cast<std::size_t>(p.heads));
+        for (index_t h = 0; h < p.heads; ++h) kv_head[static_cast<std::size_t>(h)] = h / p.group;
+        gate_rows<A>(g, b, c0, c1, kv_head.data());
+    });
+    parallel_for(pool, p.batch, [&](std::int64_t b) {
+        states st;
+        st.resize(p.heads, p.dim_vp);
+        row_stats<A>(g, b, st);
+    });
+}
+
+template <class A>
+void run_backward_causal(grad_problem& g, thread_pool* pool, index_t C, index_t nc) {
+    const problem& p = g.fw;
+    const index_t B = p.batch, L = p.len, H = p.heads, dvp = p.dim_vp, total = B * nc;
+    prefix_table suf(B, H, dvp, nc, nullptr);
+    std::atomic<index_t> next{0};
+    const index_t T = pool ? static_cast<index_t>(pool->size()) : 1;
+    const index_t workers = std::min(T, total);
+    parallel_for(pool, workers, [&](std::int64_t) {
+        // Allocated before the first claim: an exception after a claim would leave the chunk's
+        // predecessors (to its left) waiting.
+        grad_states st;
+        st.resize(g);
+        for (index_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
+            const index_t b = it / nc, t = it % nc, c = nc - 1 - t, c0 = c * C, c1 = std::min(c0 + C, L);
+            const index_t nv = p.visible[static_cast<std::size_t>(b)];
+            const state_ref sn = suf.at(b, t), sp = suf.at(b, t + 1);
+            auto scan = [&](bool grads) {
+                st.clear();
+                for (index_t l = c1 - 1; l >= c0; --l) {
+                    suffix_step<A>(g, b, l, l == c1 - 1, st);
+                    if (l > c0) prefetch_position(g, b, l - 1, grads);
+                    if (!grads) continue;
+                    if (l < nv) {
+                        fix_suffix<A>(g, b, l, st, sn, st.s.data(), st.r.data(), nullptr);
+                        token_grads<A>(g, b, l, st);
+                    } else {
+                        zero_token<A>(g, b, l, st);
+                    }
+                }
+            };
+            if (nv == 0) {  // nothing visible: zero gradients, an empty suffix
+                for (index_t l = c0; l < c1; ++l) zero_token<A>(g, b, l, st);
+                suf.wait(b, t);
+                suf.publish(b, t + 1);
+                continue;
+            }
+            const bool direct = suf.ready_now(b, t);
+            if (direct) {
+                scan(true);
+            } else {
+                scan(false);
+                suf.wait(b, t);
+            }
+            // st.sl, st.rl: the local suffix at c0 (both scans end there).
+            fix_suffix<A>(g, b, c0, st, sn, sp.n, sp.z, sp.m);
+            suf.publish(b, t + 1);
+            if (!direct) scan(true);
+        }
+        simd::store_fence();
+    });
+}
+
+// Without the causal mask every row sees all visible tokens: S and r are sums over all rows
+// (chunk sums in parallel, combined from the last chunk to the first), then each token's
+// gradients from those.
+template <class A>
+void run_backward_noncausal(grad_problem& g, thread_pool* pool, index_t C, index_t nc) {
+    const problem& p = g.fw;
+    const index_t B = p.batch, L = p.len, H = p.heads, dvp = p.dim_vp;
+    prefix_table part(B * nc, H, dvp, 1, nullptr);  // slot 1 of item b * nc + c: chunk c's own sums
+    prefix_table tot(B, H, dvp, 1, nullptr);        // slot 1 of item b: the sums over all rows
+    parallel_for(pool, B * nc, [&](std::int64_t it) {
+        const index_t b = it / nc, c0 = (it % nc) * C, c1 = std::min(c0 + C, L);
+        if (p.visible[static_cast<std::size_t>(b)] == 0) return;
+        grad_states st;
+        st.resize(g);
+        for (index_t l = c1 - 1; l >= c0; --l) suffix_step<A>(g, b, l, l == c1 - 1, st);
+        const state_ref d = part.at(it, 1);
+        fix_suffix<A>(g, b, c0, st, part.at(it, 0), d.n, d.z, d.m);
+    });
+    parallel_for(pool, B, [&](std::int64_t b) {
+        if (p.visible[static_cast<std::size_t>(b)] == 0) return;
+        grad_states st;
+        st.resize(g);
+        const state_ref acc = tot.at(b, 1);
+        for (index_t c = nc - 1; c >= 0; --c) {
+            const state_ref own = part.at(b * nc + c, 1);
+            std::copy(own.n, own.n + H * dvp, st.sl.begin());
+            std::copy(own.z, own.z + H, st.rl.begin());
+            // Every row has the same M, so the combination weighs 1: acc = own + acc.
+            fix_suffix<A>(g, b, c * C, st, acc, acc.n, acc.z, acc.m);
+        }
+    });
+    parallel_for(pool, B * nc, [&](std::int64_t it) {
+        const index_t b = it / nc, c0 = (it % nc) * C, c1 = std::min(c0 + C, L);
+        const index_t nv = p.visible[static_cast<std::size_t>(b)];
+        grad_states st;
+        st.resize(g);
+        st.clear();
+        for (index_t l = c0; l < c1; ++l) {
+            if (l < nv) {
+                fix_suffix<A>(g, b, l, st, tot.at(b, 1), st.s.data(), st.r.data(), nullptr);
+                token_grads<A>(g, b, l, st);
+            } else {
+                zero_token<A>(g, b, l, st);
+            }
+        }
+        simd::store_fence();
+    });
+}
+
+template <class A>
+void run_backward(grad_problem& g, thread_pool* pool) {
+    const problem& p = g.fw;
+    if (p.batch == 0 || p.len == 0) return;
+    const index_t C = chunk_len(p), nc = (p.len + C - 1) / C;
+    run_stats<A>(g, pool, C, nc);
+    if (p.causal)
+        run_backward_causal<A>(g, pool, C, nc);
+    else
+        run_backward_noncausal<A>(g, pool, C, nc);
+}
+
+}  // namespace self_gating
+}  // namespace detail
+}  // namespace attnkit
