@@ -40,6 +40,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -49,6 +50,7 @@
 #include "common/errors.hpp"
 #include "common/mta_inputs.hpp"
 #include "common/random.hpp"
+#include "common/sweep.hpp"
 #include "common/tensor.hpp"
 
 namespace {
@@ -233,9 +235,14 @@ TEST(identity, equals_causal_softmax_attention) {
 TEST(stage, each_alone_and_all_together) {
     const unsigned sets[] = {0, kPreConv, kPreMix, kPostConv, kPostMix, kNorm, kDepth, kGate,
                              kPreConv | kPreMix, kPostConv | kPostMix, kPreMix | kPostMix | kNorm | kGate, kAll};
+    const index_t lengths[] = {1, 2, 5, 6, 63, 64, 65, 194};
     int n = 0;
-    for (unsigned s : sets)
-        for (index_t L : {1, 2, 5, 6, 63, 64, 65, 194}) {
+    for (std::size_t si = 0; si < std::size(sets); ++si)
+        for (std::size_t li = 0; li < std::size(lengths); ++li) {
+            // Reduced builds: every other length, alternating between the stage sets.
+            if (!sweep_takes(si + li, 0, 2)) continue;
+            const unsigned s = sets[si];
+            const index_t L = lengths[li];
             config c;
             c.cq = 6, c.ck = 11, c.stages = s, c.L = L, c.dist = kAllDistributions[n % 3], c.seed = 100 + n++;
             expect_matches_reference(c);
@@ -247,6 +254,7 @@ TEST(stage, convolution_block_edges) {
     int n = 0;
     for (index_t L : {119, 120, 121, 127, 128, 129, 386})
         for (unsigned s : {unsigned(kPreConv | kPreMix), unsigned(kAll)}) {
+            if (!sweep_takes(static_cast<std::size_t>(L), s == kAll ? 1 : 0, 2)) continue;  // reduced: one each
             config c;
             c.cq = 6, c.ck = 11, c.L = L, c.D = 5, c.Dv = 3, c.stages = s, c.dist = kAllDistributions[n % 3];
             c.seed = 150 + n++;
@@ -260,6 +268,7 @@ TEST(kernel_sizes, every_group_and_tap_count) {
         for (index_t cq : {1, 3, 6})
             for (index_t ck : {1, 5, 11, 13})
                 for (index_t L : {cq, index_t(65)}) {
+                    if (!sweep_takes(static_cast<std::size_t>(G + cq + ck), L == 65 ? 1 : 0, 2)) continue;
                     config c;
                     c.G = G, c.cq = cq, c.ck = ck, c.L = L, c.dist = kAllDistributions[n % 3], c.seed = 200 + n++;
                     expect_matches_reference(c);
