@@ -42,16 +42,12 @@ problem make_problem(const shape& s, std::uint64_t seed, double gain = 1.0) {
 double loss(const problem& p, const self_gating_options& o) {
     tensor4<double> out(p.q.dimension(0), p.q.dimension(1), p.q.dimension(2), p.v.dimension(3));
     ref::self_gating_attention(p.q, p.k, p.v, out, o);
-    double l = 0.0;
-    for (index_t i = 0; i < out.size(); ++i) l += out.data()[i] * p.r.data()[i];
-    return l;
+    return projection_loss(out, p.r);
 }
 
 void expect_matches_fd(problem& p, tensor4<double>& x, const tensor4<double>& analytic, const self_gating_options& o,
                        const char* name) {
-    double scale = 1.0;
-    for (index_t i = 0; i < analytic.size(); ++i) scale = std::max(scale, std::abs(analytic.data()[i]));
-    expect_matches_finite_differences(x, analytic, [&] { return loss(p, o); }, name, 1e-7 * scale);
+    expect_gradient_matches_fd(x, analytic, [&] { return loss(p, o); }, name);
 }
 
 struct fd_case {

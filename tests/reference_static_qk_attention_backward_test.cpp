@@ -21,13 +21,6 @@ using namespace attnkit_test;
 namespace ref = attnkit::reference;
 using tensor3d = Eigen::Tensor<double, 3, Eigen::RowMajor>;
 
-template <class X, class G, class F>
-void expect_fd(X& x, const G& g, F&& loss, const char* name) {
-    double scale = 1.0;
-    for (index_t i = 0; i < g.size(); ++i) scale = std::max(scale, std::abs(g.data()[i]));
-    expect_matches_finite_differences(x, g, loss, name, 1e-7 * scale);
-}
-
 struct sq_case {
     index_t B, L, Lmax, H, Hk, D, Dv;
     float scale;
@@ -47,17 +40,15 @@ TEST(reference_static_qk_attention_backward, matches_central_finite_differences)
         auto loss = [&] {
             tensor4<double> out(c.B, c.L, c.H, c.Dv);
             ref::static_qk_attention(qf, kf, v, out, o);
-            double l = 0.0;
-            for (index_t i = 0; i < out.size(); ++i) l += out.data()[i] * r.data()[i];
-            return l;
+            return projection_loss(out, r);
         };
         tensor4<double> out(c.B, c.L, c.H, c.Dv), dq(1, c.Lmax, c.H, c.D), dk(1, c.Lmax, c.Hk, c.D),
             dv(c.B, c.L, c.Hk, c.Dv);
         ref::static_qk_attention(qf, kf, v, out, o);
         ref::static_qk_attention_backward(qf, kf, v, out, r, dq, dk, dv, o);
-        expect_fd(qf, dq, loss, "d_q_fixed");
-        expect_fd(kf, dk, loss, "d_k_fixed");
-        expect_fd(v, dv, loss, "d_v");
+        expect_gradient_matches_fd(qf, dq, loss, "d_q_fixed");
+        expect_gradient_matches_fd(kf, dk, loss, "d_k_fixed");
+        expect_gradient_matches_fd(v, dv, loss, "d_v");
         for (index_t i = c.L; i < c.Lmax; ++i) EXPECT_EQ(0.0, dq(0, i, 0, 0));
     }
 }
@@ -82,17 +73,12 @@ TEST(reference_static_qk_attention_backward, map_weights_match_central_finite_di
     std::copy(wr.begin(), wr.end(), w.data());
     tensor4<double> v = random_bshd<double>(B, L, Hk, Dv, distribution::gaussian, 78);
     const tensor4<double> r = random_bshd<double>(B, L, H, Dv, distribution::gaussian, 79);
-    auto loss = [&] {
-        const tensor4<double> out = map_forward(w, v);
-        double l = 0.0;
-        for (index_t i = 0; i < out.size(); ++i) l += out.data()[i] * r.data()[i];
-        return l;
-    };
+    auto loss = [&] { return projection_loss(map_forward(w, v), r); };
     tensor3d dw(H, Lmax, Lmax);
     tensor4<double> dv(B, L, Hk, Dv);
     ref::static_attention_map_backward(w, v, r, dw, dv);
-    expect_fd(w, dw, loss, "d_w");
-    expect_fd(v, dv, loss, "d_v");
+    expect_gradient_matches_fd(w, dw, loss, "d_w");
+    expect_gradient_matches_fd(v, dv, loss, "d_v");
     EXPECT_EQ(0.0, dw(0, 1, 2));  // upper triangle
     EXPECT_EQ(0.0, dw(0, 5, 0));  // row >= L
     EXPECT_NE(0.0, dw(0, 4, 0));

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/backward_checks.hpp"
 #include "common/compare.hpp"
 #include "common/errors.hpp"
 #include "common/random.hpp"
@@ -41,12 +42,8 @@ namespace ref = attnkit::reference;
 constexpr double kGradEps = 32;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-struct grads {
-    tensor4<float> dq, dk, dv;
-};
-struct grads_d {
-    tensor4<double> dq, dk, dv;
-    double col_sum = 0.0;
+struct weighted_grads_d : grads_d {
+    double col_sum = 0.0;  // the largest column sum of the weights over a key/value head's rows
 };
 
 grads run_fast(const tensor4<float>& q, const tensor4<float>& k, const tensor4<float>& v, const tensor4<float>& dout,
@@ -61,7 +58,7 @@ grads run_fast(const tensor4<float>& q, const tensor4<float>& k, const tensor4<f
     return g;
 }
 
-grads_d run_oracle(const tensor4<float>& q, const tensor4<float>& k, const tensor4<float>& v,
+weighted_grads_d run_oracle(const tensor4<float>& q, const tensor4<float>& k, const tensor4<float>& v,
                    const tensor4<float>& dout, const self_gating_options& o) {
     const index_t B = q.dimension(0), L = q.dimension(1), H = q.dimension(2), D = q.dimension(3);
     const index_t Hk = k.dimension(2), Dv = v.dimension(3);
@@ -69,35 +66,18 @@ grads_d run_oracle(const tensor4<float>& q, const tensor4<float>& k, const tenso
     self_gating_options oo = o;
     oo.pool = nullptr;
     ref::self_gating_attention(q, k, v, out, w, oo);
-    grads_d g{tensor4<double>(B, L, H, D), tensor4<double>(B, L, Hk, D), tensor4<double>(B, L, Hk, Dv)};
+    weighted_grads_d g{{tensor4<double>(B, L, H, D), tensor4<double>(B, L, Hk, D), tensor4<double>(B, L, Hk, Dv)}};
     ref::self_gating_attention_backward(q, k, v, out, dout, g.dq, g.dk, g.dv, oo);
-    for (index_t b = 0; b < B; ++b)
-        for (index_t hk = 0; hk < Hk; ++hk)
-            for (index_t j = 0; j < L; ++j) {
-                double c = 0.0;
-                for (index_t h = hk * (H / Hk); h < (hk + 1) * (H / Hk); ++h)
-                    for (index_t i = 0; i < L; ++i) c += w(b, h, i, j);
-                g.col_sum = std::max(g.col_sum, c);
-            }
+    g.col_sum = max_column_sum(w, Hk);
     return g;
-}
-
-void nan_if_not_finite(tensor4<float>& t) {
-    for (index_t i = 0; i < t.size(); ++i)
-        if (!std::isfinite(t.data()[i])) t.data()[i] = kNaN;
-}
-void nan_if_not_finite(tensor4<double>& t) {
-    for (index_t i = 0; i < t.size(); ++i)
-        if (!std::isfinite(t.data()[i])) t.data()[i] = std::numeric_limits<double>::quiet_NaN();
 }
 
 void expect_matches_oracle(const tensor4<float>& q, const tensor4<float>& k, const tensor4<float>& v,
                            const tensor4<float>& dout, const self_gating_options& o, bool equal_nan = false) {
     grads got = run_fast(q, k, v, dout, o);
-    grads_d want = run_oracle(q, k, v, dout, o);
+    weighted_grads_d want = run_oracle(q, k, v, dout, o);
     if (equal_nan) {
-        nan_if_not_finite(got.dq), nan_if_not_finite(got.dk), nan_if_not_finite(got.dv);
-        nan_if_not_finite(want.dq), nan_if_not_finite(want.dk), nan_if_not_finite(want.dv);
+        nan_if_not_finite_all(got), nan_if_not_finite_all(want);
     }
     const double scale = static_cast<double>(attnkit::detail::resolve_scale(o.scale, q.dimension(3)));
     const double s1 = 1.0 + scale * max_row_norm(q) * max_row_norm(k);

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/backward_checks.hpp"
 #include "common/compare.hpp"
 #include "common/errors.hpp"
 #include "common/random.hpp"
@@ -45,26 +46,20 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 using vec = Eigen::Tensor<float, 1, Eigen::RowMajor>;
 using vecd = Eigen::Tensor<double, 1, Eigen::RowMajor>;
 
-struct grads {
-    tensor4<float> dq, dk, dv;
+// With the sinks' gradient.
+struct sink_grads : grads {
     vec ds;
 };
-struct grads_d {
-    tensor4<double> dq, dk, dv;
+struct sink_grads_d : grads_d {
     vecd ds;
     double col_sum = 0.0;  // the largest column sum of P over a key/value head's rows
 };
 
-struct bwd_case {
-    index_t B = 1, Lq = 5, Lk = 5, H = 2, Hk = 1, D = 4, Dv = 4;
+struct bwd_case : backward_shape {
     softmax_options o;
-    distribution dist = distribution::gaussian;
-    std::uint64_t seed = 1;
 
     std::string describe() const {
-        std::string s = "B" + std::to_string(B) + "_Lq" + std::to_string(Lq) + "_Lk" + std::to_string(Lk) + "_H" +
-                        std::to_string(H) + "_Hk" + std::to_string(Hk) + "_D" + std::to_string(D) + "_Dv" +
-                        std::to_string(Dv);
+        std::string s = shape_name();
         if (o.causal) s += "_causal";
         if (o.window_left >= 0) s += "_w" + std::to_string(o.window_left);
         if (o.chunk > 0) s += "_chunk" + std::to_string(o.chunk);
@@ -87,15 +82,16 @@ double score_bound(const tensor4<T>& q, const tensor4<T>& k, const softmax_optio
 
 // Runs the fused forward (for out and lse) and backward on float inputs of storage type S.
 template <class SQ, class S>
-grads run_fast(const tensor4<SQ>& q, const tensor4<S>& k, const tensor4<S>& v, const tensor4<float>& dout,
+sink_grads run_fast(const tensor4<SQ>& q, const tensor4<S>& k, const tensor4<S>& v, const tensor4<float>& dout,
                const softmax_options& o, tensor4<float>* out_used = nullptr, tensor3<float>* lse_used = nullptr) {
     const index_t B = q.dimension(0), Lq = q.dimension(1), H = q.dimension(2), D = q.dimension(3);
     const index_t Lk = k.dimension(1), Hk = k.dimension(2), Dv = v.dimension(3);
     tensor4<float> out(B, Lq, H, Dv);
     tensor3<float> lse(B, Lq, H);
     attnkit::softmax_attention(q, k, v, out, lse, o);
-    grads g{make_bshd<float>(B, Lq, H, D, kNaN), make_bshd<float>(B, Lk, Hk, D, kNaN),
-            make_bshd<float>(B, Lk, Hk, Dv, kNaN), vec(H)};
+    sink_grads g{{make_bshd<float>(B, Lq, H, D, kNaN), make_bshd<float>(B, Lk, Hk, D, kNaN),
+                  make_bshd<float>(B, Lk, Hk, Dv, kNaN)},
+                 vec(H)};
     g.ds.setConstant(kNaN);
     if (o.sinks.empty())
         attnkit::softmax_attention_backward(q, k, v, out, lse, dout, g.dq, g.dk, g.dv, o);
@@ -107,45 +103,29 @@ grads run_fast(const tensor4<SQ>& q, const tensor4<S>& k, const tensor4<S>& v, c
 }
 
 template <class SQ, class S>
-grads_d run_oracle(const tensor4<SQ>& q, const tensor4<S>& k, const tensor4<S>& v, const tensor4<float>& dout,
+sink_grads_d run_oracle(const tensor4<SQ>& q, const tensor4<S>& k, const tensor4<S>& v, const tensor4<float>& dout,
                    const softmax_options& o) {
     const index_t B = q.dimension(0), Lq = q.dimension(1), H = q.dimension(2), D = q.dimension(3);
     const index_t Lk = k.dimension(1), Hk = k.dimension(2), Dv = v.dimension(3);
     tensor4<double> out(B, Lq, H, Dv), w;
     tensor3<double> lse(B, Lq, H);
     ref::softmax_attention_weights(q, k, v, out, lse, w, o);
-    grads_d g{tensor4<double>(B, Lq, H, D), tensor4<double>(B, Lk, Hk, D), tensor4<double>(B, Lk, Hk, Dv), vecd(H)};
+    sink_grads_d g{{tensor4<double>(B, Lq, H, D), tensor4<double>(B, Lk, Hk, D), tensor4<double>(B, Lk, Hk, Dv)}, vecd(H)};
     const tensor4<double> dd = dout.cast<double>();
     if (o.sinks.empty())
         ref::softmax_attention_backward(q, k, v, out, lse, dd, g.dq, g.dk, g.dv, o);
     else
         ref::softmax_attention_backward(q, k, v, out, lse, dd, g.dq, g.dk, g.dv, g.ds, o);
-    for (index_t b = 0; b < B; ++b)
-        for (index_t hk = 0; hk < Hk; ++hk)
-            for (index_t j = 0; j < Lk; ++j) {
-                double c = 0.0;
-                for (index_t h = hk * (H / Hk); h < (hk + 1) * (H / Hk); ++h)
-                    for (index_t i = 0; i < Lq; ++i) c += w(b, h, i, j);
-                g.col_sum = std::max(g.col_sum, c);
-            }
+    g.col_sum = max_column_sum(w, Hk);
     return g;
 }
 
 template <class SQ, class S>
 void expect_matches_oracle(const tensor4<SQ>& q, const tensor4<S>& k, const tensor4<S>& v, const tensor4<float>& dout,
                            const softmax_options& o, bool equal_nan = false) {
-    grads got = run_fast(q, k, v, dout, o);
-    grads_d want = run_oracle(q, k, v, dout, o);
-    if (equal_nan) {
-        // Inf and NaN both mark an element that depends on a non-finite input; which of the two
-        // comes out depends on the order of operations, so compare only where they are.
-        auto nan_if_not_finite = [](auto& t) {
-            for (index_t i = 0; i < t.size(); ++i)
-                if (!std::isfinite(t.data()[i])) t.data()[i] = std::numeric_limits<float>::quiet_NaN();
-        };
-        nan_if_not_finite(got.dq), nan_if_not_finite(got.dk), nan_if_not_finite(got.dv);
-        nan_if_not_finite(want.dq), nan_if_not_finite(want.dk), nan_if_not_finite(want.dv);
-    }
+    sink_grads got = run_fast(q, k, v, dout, o);
+    sink_grads_d want = run_oracle(q, k, v, dout, o);
+    if (equal_nan) nan_if_not_finite_all(got), nan_if_not_finite_all(want);
     const tensor4<float> qf = q.template cast<float>(), kf = k.template cast<float>(), vf = v.template cast<float>();
     const double s1 = 1.0 + score_bound(qf, kf, o);
     const double scale = static_cast<double>(attnkit::detail::resolve_scale(o.scale, q.dimension(3)));
@@ -161,19 +141,6 @@ void expect_matches_oracle(const tensor4<SQ>& q, const tensor4<S>& k, const tens
     }
 }
 
-// A small deterministic generator for the case sweep.
-struct picker {
-    std::uint64_t state;
-    std::uint64_t below(std::uint64_t n) {
-        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-        return (state >> 33) % n;
-    }
-    template <class T, std::size_t N>
-    T pick(const T (&a)[N]) {
-        return a[below(N)];
-    }
-};
-
 std::vector<bwd_case> build_cases() {
     std::vector<bwd_case> cs;
     std::uint64_t seed = 1;
@@ -181,43 +148,7 @@ std::vector<bwd_case> build_cases() {
         c.seed = seed++;
         cs.push_back(c);
     };
-    // Sizes straddling the lane widths (4, 8, 16), the micro-tile heights (6, 12), the key tile
-    // (8 / 16 / 32 keys), the 64-key block and the 96-row query block.
-    const index_t dims[] = {1, 3, 4, 7, 8, 9, 16, 17, 31, 64};
-    for (index_t D : dims) {
-        bwd_case c;
-        c.D = D;
-        c.Dv = D == 1 ? 5 : D;
-        c.Lq = c.Lk = 23;
-        c.o.causal = true;
-        add(c);
-    }
-    const index_t lengths[] = {1, 2, 15, 16, 17, 63, 64, 65, 95, 96, 97, 130};
-    for (index_t L : lengths) {
-        bwd_case c;
-        c.Lq = c.Lk = L;
-        c.H = 2;
-        c.Hk = 2;
-        c.D = 8;
-        c.Dv = 12;
-        c.o.causal = L % 2 == 1;
-        add(c);
-    }
-    // GQA ratios and Lq != Lk both ways.
-    for (index_t Hk : {1, 2, 4}) {
-        bwd_case c;
-        c.H = 4;
-        c.Hk = Hk;
-        c.Lq = 40;
-        c.Lk = 70;
-        c.D = 12;
-        c.Dv = 6;
-        c.o.causal = true;
-        add(c);
-        c.Lq = 70;
-        c.Lk = 33;
-        add(c);
-    }
+    add_structured_cases(cs, seed, {1, 3, 4, 7, 8, 9, 16, 17, 31, 64});
     picker pk{20261202};
     const index_t Ls[] = {1, 7, 16, 33, 96, 97, 150};
     const index_t Ds[] = {1, 5, 8, 16, 24};
@@ -270,11 +201,8 @@ class sweep : public ::testing::TestWithParam<bwd_case> {};
 
 TEST_P(sweep, matches_oracle) {
     const bwd_case& c = GetParam();
-    const tensor4<float> q = random_bshd(c.B, c.Lq, c.H, c.D, c.dist, c.seed * 5 + 0);
-    const tensor4<float> k = random_bshd(c.B, c.Lk, c.Hk, c.D, c.dist, c.seed * 5 + 1);
-    const tensor4<float> v = random_bshd(c.B, c.Lk, c.Hk, c.Dv, c.dist, c.seed * 5 + 2);
-    const tensor4<float> dout = random_bshd(c.B, c.Lq, c.H, c.Dv, c.dist, c.seed * 5 + 3);
-    expect_matches_oracle(q, k, v, dout, c.o);
+    const backward_inputs in = make_backward_inputs(c);
+    expect_matches_oracle(in.q, in.k, in.v, in.dout, c.o);
 }
 
 INSTANTIATE_TEST_SUITE_P(softmax_attention_backward, sweep, ::testing::ValuesIn(all_cases()),
@@ -317,12 +245,12 @@ TEST(softmax_attention_backward, thread_count_gives_bitwise_identical_results) {
     const tensor4<float> k = random_bshd(3, 130, 2, 20, distribution::outliers, 102);
     const tensor4<float> v = random_bshd(3, 130, 2, 17, distribution::outliers, 103);
     const tensor4<float> dout = random_bshd(3, 130, 6, 17, distribution::outliers, 104);
-    const grads one = run_fast(q, k, v, dout, o);
+    const sink_grads one = run_fast(q, k, v, dout, o);
     for (int n : {2, 3}) {
         attnkit::thread_pool pool(n);
         softmax_options on = o;
         on.pool = &pool;
-        const grads many = run_fast(q, k, v, dout, on);
+        const sink_grads many = run_fast(q, k, v, dout, on);
         EXPECT_TRUE(same_bits(one.dq, many.dq)) << n << " threads, d_q";
         EXPECT_TRUE(same_bits(one.dk, many.dk)) << n << " threads, d_k";
         EXPECT_TRUE(same_bits(one.dv, many.dv)) << n << " threads, d_v";
@@ -364,7 +292,7 @@ TEST(softmax_attention_backward, rows_without_keys_contribute_nothing) {
     const tensor4<float> k = random_bshd(2, 7, 2, 6, distribution::gaussian, 122);
     const tensor4<float> v = random_bshd(2, 7, 2, 6, distribution::gaussian, 123);
     const tensor4<float> dout = random_bshd(2, 9, 2, 6, distribution::gaussian, 124);
-    const grads g = run_fast(q, k, v, dout, o);
+    const sink_grads g = run_fast(q, k, v, dout, o);
     for (index_t i = 0; i < 9; ++i)
         for (index_t h = 0; h < 2; ++h)
             for (index_t d = 0; d < 6; ++d) {
@@ -394,7 +322,7 @@ TEST(softmax_attention_backward, strided_gradient_views_equal_dense) {
     const tensor4<float> dout = random_bshd(B, L, H, D, distribution::gaussian, 134);
     tensor4<float> out(B, L, H, D);
     tensor3<float> lse(B, L, H);
-    const grads dense = run_fast(q, k, v, dout, o, &out, &lse);
+    const sink_grads dense = run_fast(q, k, v, dout, o, &out, &lse);
     std::vector<float> bq(static_cast<std::size_t>(B * H * L * D)), bk(static_cast<std::size_t>(B * Hk * L * D)),
         bv(static_cast<std::size_t>(B * Hk * L * D));
     const auto dq = bhld_as_bshd(bq.data(), B, H, L, D);
@@ -412,7 +340,7 @@ TEST(softmax_attention_backward, empty_sequences) {
         const tensor4<float> k = random_bshd(1, Lk, 1, 3, distribution::gaussian, 142);
         const tensor4<float> v = random_bshd(1, Lk, 1, 3, distribution::gaussian, 143);
         const tensor4<float> dout = random_bshd(1, Lq, 2, 3, distribution::gaussian, 144);
-        const grads g = run_fast(q, k, v, dout, {});
+        const sink_grads g = run_fast(q, k, v, dout, {});
         EXPECT_TRUE(all_equal_to(g.dq, 0.0f));
         EXPECT_TRUE(all_equal_to(g.dk, 0.0f));
         EXPECT_TRUE(all_equal_to(g.dv, 0.0f));

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/backward_checks.hpp"
 #include "common/compare.hpp"
 #include "common/errors.hpp"
 #include "common/random.hpp"
@@ -43,10 +44,6 @@ struct inputs {
     tensor4<float> qf, kf, v, dout;
 };
 
-struct grads {
-    tensor4<float> dq, dk, dv;
-};
-
 inputs make_inputs(index_t B, index_t L, index_t Lmax, index_t H, index_t Hk, index_t D, index_t Dv, distribution d,
                    std::uint64_t seed) {
     return {random_bshd(1, Lmax, H, D, d, seed), random_bshd(1, Lmax, Hk, D, d, seed + 1),
@@ -62,15 +59,6 @@ grads run_fast(const inputs& in, const static_qk_options& o) {
             make_bshd<float>(B, L, Hk, Dv, kNaN)};
     attnkit::static_qk_attention_backward(in.qf, in.kf, in.v, out, in.dout, g.dq, g.dk, g.dv, o);
     return g;
-}
-
-void nan_if_not_finite(tensor4<float>& t) {
-    for (index_t i = 0; i < t.size(); ++i)
-        if (!std::isfinite(t.data()[i])) t.data()[i] = kNaN;
-}
-void nan_if_not_finite(tensor4<double>& t) {
-    for (index_t i = 0; i < t.size(); ++i)
-        if (!std::isfinite(t.data()[i])) t.data()[i] = std::numeric_limits<double>::quiet_NaN();
 }
 
 void expect_matches_oracle(const inputs& in, const static_qk_options& o, bool equal_nan = false) {
@@ -92,7 +80,7 @@ void expect_matches_oracle(const inputs& in, const static_qk_options& o, bool eq
             c = std::max(c, cs);
         }
     if (equal_nan) {
-        nan_if_not_finite(got.dq), nan_if_not_finite(got.dk), nan_if_not_finite(got.dv);
+        nan_if_not_finite_all(got);
         nan_if_not_finite(dq), nan_if_not_finite(dk), nan_if_not_finite(dv);
     }
     const double scale = static_cast<double>(attnkit::detail::resolve_scale(o.scale, D));

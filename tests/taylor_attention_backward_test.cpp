@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/backward_checks.hpp"
 #include "common/compare.hpp"
 #include "common/errors.hpp"
 #include "common/random.hpp"
@@ -45,23 +46,11 @@ const char* form_name(taylor_form f) {
     return f == taylor_form::quadratic ? "quadratic" : f == taylor_form::linear ? "linear" : "automatic";
 }
 
-struct grads {
-    tensor4<float> dq, dk, dv;
-};
-struct grads_d {
-    tensor4<double> dq, dk, dv;
-};
-
-struct bwd_case {
-    index_t B = 1, Lq = 5, Lk = 5, H = 2, Hk = 1, D = 4, Dv = 4;
+struct bwd_case : backward_shape {
     taylor_options o;
-    distribution dist = distribution::gaussian;
-    std::uint64_t seed = 1;
 
     std::string describe() const {
-        std::string s = "B" + std::to_string(B) + "_Lq" + std::to_string(Lq) + "_Lk" + std::to_string(Lk) + "_H" +
-                        std::to_string(H) + "_Hk" + std::to_string(Hk) + "_D" + std::to_string(D) + "_Dv" +
-                        std::to_string(Dv);
+        std::string s = shape_name();
         if (o.causal) s += "_causal";
         if (!o.key_lengths.empty()) s += "_kl";
         if (o.scale > 0) s += "_scale";
@@ -101,15 +90,6 @@ grads_d run_oracle(const tensor4<float>& q, const tensor4<float>& k, const tenso
     const tensor4<double> dd = dout.cast<double>();
     ref::taylor_attention_backward(q, k, v, out, dd, g.dq, g.dk, g.dv, o);
     return g;
-}
-
-void nan_if_not_finite(tensor4<float>& t) {
-    for (index_t i = 0; i < t.size(); ++i)
-        if (!std::isfinite(t.data()[i])) t.data()[i] = kNaN;
-}
-void nan_if_not_finite(tensor4<double>& t) {
-    for (index_t i = 0; i < t.size(); ++i)
-        if (!std::isfinite(t.data()[i])) t.data()[i] = std::numeric_limits<double>::quiet_NaN();
 }
 
 struct magnitudes {
@@ -169,31 +149,18 @@ void expect_matches_oracle(const tensor4<float>& q, const tensor4<float>& k, con
                            const tensor4<float>& dout, const taylor_options& o, bool equal_nan = false) {
     grads_d want = run_oracle(q, k, v, dout, o);
     const magnitudes m = grad_magnitudes(q, k, v, dout, o);
-    if (equal_nan) nan_if_not_finite(want.dq), nan_if_not_finite(want.dk), nan_if_not_finite(want.dv);
+    if (equal_nan) nan_if_not_finite_all(want);
     for (taylor_form f : kForms) {
         SCOPED_TRACE(form_name(f));
         taylor_options of = o;
         of.form = f;
         grads got = run_fast(q, k, v, dout, of);
-        if (equal_nan) nan_if_not_finite(got.dq), nan_if_not_finite(got.dk), nan_if_not_finite(got.dv);
+        if (equal_nan) nan_if_not_finite_all(got);
         EXPECT_TRUE(all_close(got.dq, want.dq, tolerance_for(kGradEps, m.dq), equal_nan)) << "d_q";
         EXPECT_TRUE(all_close(got.dk, want.dk, tolerance_for(kGradEps, m.dk), equal_nan)) << "d_k";
         EXPECT_TRUE(all_close(got.dv, want.dv, tolerance_for(kGradEps, m.dv), equal_nan)) << "d_v";
     }
 }
-
-// A small deterministic generator for the case sweep.
-struct picker {
-    std::uint64_t state;
-    std::uint64_t below(std::uint64_t n) {
-        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-        return (state >> 33) % n;
-    }
-    template <class T, std::size_t N>
-    T pick(const T (&a)[N]) {
-        return a[below(N)];
-    }
-};
 
 std::vector<bwd_case> build_cases() {
     std::vector<bwd_case> cs;
@@ -202,43 +169,7 @@ std::vector<bwd_case> build_cases() {
         c.seed = seed++;
         cs.push_back(c);
     };
-    // Sizes straddling the lane widths (4, 8, 16), the micro-tile heights, the key tiles, the
-    // 64-key block and chunk, and the 96-row query block.
-    const index_t dims[] = {1, 3, 4, 7, 8, 9, 16, 17, 31};
-    for (index_t D : dims) {
-        bwd_case c;
-        c.D = D;
-        c.Dv = D == 1 ? 5 : D;
-        c.Lq = c.Lk = 23;
-        c.o.causal = true;
-        add(c);
-    }
-    const index_t lengths[] = {1, 2, 15, 16, 17, 63, 64, 65, 95, 96, 97, 130};
-    for (index_t L : lengths) {
-        bwd_case c;
-        c.Lq = c.Lk = L;
-        c.H = 2;
-        c.Hk = 2;
-        c.D = 8;
-        c.Dv = 12;
-        c.o.causal = L % 2 == 1;
-        add(c);
-    }
-    // GQA ratios and Lq != Lk both ways.
-    for (index_t Hk : {1, 2, 4}) {
-        bwd_case c;
-        c.H = 4;
-        c.Hk = Hk;
-        c.Lq = 40;
-        c.Lk = 70;
-        c.D = 12;
-        c.Dv = 6;
-        c.o.causal = true;
-        add(c);
-        c.Lq = 70;
-        c.Lk = 33;
-        add(c);
-    }
+    add_structured_cases(cs, seed, {1, 3, 4, 7, 8, 9, 16, 17, 31});
     picker pk{20261203};
     const index_t Ls[] = {1, 7, 16, 33, 64, 96, 97, 150};
     const index_t Ds[] = {1, 5, 8, 16, 24};
@@ -277,11 +208,8 @@ class sweep : public ::testing::TestWithParam<bwd_case> {};
 
 TEST_P(sweep, matches_oracle) {
     const bwd_case& c = GetParam();
-    const tensor4<float> q = random_bshd(c.B, c.Lq, c.H, c.D, c.dist, c.seed * 5 + 0);
-    const tensor4<float> k = random_bshd(c.B, c.Lk, c.Hk, c.D, c.dist, c.seed * 5 + 1);
-    const tensor4<float> v = random_bshd(c.B, c.Lk, c.Hk, c.Dv, c.dist, c.seed * 5 + 2);
-    const tensor4<float> dout = random_bshd(c.B, c.Lq, c.H, c.Dv, c.dist, c.seed * 5 + 3);
-    expect_matches_oracle(q, k, v, dout, c.o);
+    const backward_inputs in = make_backward_inputs(c);
+    expect_matches_oracle(in.q, in.k, in.v, in.dout, c.o);
 }
 
 INSTANTIATE_TEST_SUITE_P(taylor_attention_backward, sweep, ::testing::ValuesIn(all_cases()),
