@@ -30,37 +30,9 @@
 
 #include "attnkit/taylor_attention_backward.hpp"
 #include "common/bench_main.hpp"
+#include "common/heap_counter.hpp"
 #include "common/flops.hpp"
 
-// ---- heap accounting: live bytes and their peak --------------------------------------------
-namespace {
-std::atomic<std::int64_t> g_live{0}, g_peak{0};
-constexpr std::size_t kHeader = 16;  // keeps the user pointer 16-byte aligned
-
-void* counted_alloc(std::size_t n) {
-    void* p = std::malloc(n + kHeader);
-    if (!p) throw std::bad_alloc();
-    *static_cast<std::size_t*>(p) = n;
-    const std::int64_t live = g_live.fetch_add(static_cast<std::int64_t>(n)) + static_cast<std::int64_t>(n);
-    std::int64_t peak = g_peak.load();
-    while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
-    }
-    return static_cast<char*>(p) + kHeader;
-}
-void counted_free(void* q) noexcept {
-    if (!q) return;
-    void* p = static_cast<char*>(q) - kHeader;
-    g_live.fetch_sub(static_cast<std::int64_t>(*static_cast<std::size_t*>(p)));
-    std::free(p);
-}
-}  // namespace
-
-void* operator new(std::size_t n) { return counted_alloc(n); }
-void* operator new[](std::size_t n) { return counted_alloc(n); }
-void operator delete(void* p) noexcept { counted_free(p); }
-void operator delete[](void* p) noexcept { counted_free(p); }
-void operator delete(void* p, std::size_t) noexcept { counted_free(p); }
-void operator delete[](void* p, std::size_t) noexcept { counted_free(p); }
 
 namespace attnkit_bench {
 namespace {
@@ -126,10 +98,10 @@ void run_case(benchmark::State& state, const bwd_case& c, family f) {
         else
             attnkit::taylor_attention_backward(p.q, p.k, p.v, p.out, p.dout, p.dq, p.dk, p.dv, o);
     };
-    const std::int64_t before = g_live.load();
-    g_peak.store(before);
+    const std::int64_t before = heap_live();
+    heap_reset_peak();
     call();  // warm-up, and the extra heap of one call
-    const double extra = static_cast<double>(g_peak.load() - before);
+    const double extra = static_cast<double>(heap_peak() - before);
     const double cpu0 = process_cpu_seconds();
     const auto t0 = clock_type::now();
     for (auto _ : state) call();

@@ -40,12 +40,13 @@ namespace self_gating {
 // inputs from the last-level cache); smaller ones stay cached for the caller.
 constexpr index_t kStreamBytes = index_t(4) << 20;
 
-// The problem of one call on checked views; visible[b] = visible tokens of item b in this call
-// when its first token sits at absolute position `pos0` (a state's length so far).
+// The inputs' part of a call's problem on checked views (the backward's too); visible[b] =
+// visible tokens of item b in this call when its first token sits at absolute position `pos0`
+// (a state's length so far).
 template <class A>
-problem make_problem(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
-                     const view<float, 4>& out, const attention_shape& s, float scale, bool causal,
-                     const std::vector<std::int64_t>& key_lengths, index_t pos0) {
+problem make_input_problem(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
+                           const attention_shape& s, float scale, bool causal,
+                           const std::vector<std::int64_t>& key_lengths, index_t pos0) {
     problem p;
     p.batch = s.batch;
     p.len = s.len_q;
@@ -58,17 +59,26 @@ problem make_problem(const view<const float, 4>& q, const view<const float, 4>& 
     p.q = rows_of(q);
     p.k = rows_of(k);
     p.v = rows_of(v);
+    p.scale = resolve_scale(scale, s.dim);
+    p.causal = causal;
+    p.visible.assign(static_cast<std::size_t>(s.batch), s.len_q);
+    for (std::size_t b = 0; b < key_lengths.size(); ++b)
+        p.visible[b] = std::max<index_t>(0, std::min<index_t>(s.len_q, key_lengths[b] - pos0));
+    return p;
+}
+
+// The problem of one forward call: the inputs' part and the output.
+template <class A>
+problem make_problem(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
+                     const view<float, 4>& out, const attention_shape& s, float scale, bool causal,
+                     const std::vector<std::int64_t>& key_lengths, index_t pos0) {
+    problem p = make_input_problem<A>(q, k, v, s, scale, causal, key_lengths, pos0);
     p.out = out.data;
     p.ob = out.strides[0];
     p.ol = out.strides[1];
     p.oh = out.strides[2];
-    p.scale = resolve_scale(scale, s.dim);
-    p.causal = causal;
     // Streamed rows, unless the next position's loads would wait for them (4 KiB aliasing, scan.hpp).
     p.stream = out.size() * static_cast<index_t>(sizeof(float)) >= kStreamBytes && !last_row_meets_next_gates(p);
-    p.visible.assign(static_cast<std::size_t>(s.batch), s.len_q);
-    for (std::size_t b = 0; b < key_lengths.size(); ++b)
-        p.visible[b] = std::max<index_t>(0, std::min<index_t>(s.len_q, key_lengths[b] - pos0));
     return p;
 }
 

@@ -45,23 +45,7 @@ void attention_backward_impl(const view<const TQ, 4>& q, const view<const TK, 4>
         const attention_shape s = check_backward(q, k, v, out, d_out, d_q, d_k, d_v, opts);
         constexpr index_t W = simd::kLanes<A>;
         grad_problem g;
-        problem& p = g.fw;
-        p.batch = s.batch;
-        p.len = s.len_q;
-        p.heads = s.heads;
-        p.heads_kv = s.heads_k;
-        p.group = s.group();
-        p.dim = s.dim;
-        p.dim_v = s.dim_v;
-        p.dim_vp = (s.dim_v + W - 1) / W * W;
-        p.q = rows_of(q);
-        p.k = rows_of(k);
-        p.v = rows_of(v);
-        p.scale = resolve_scale(opts.scale, s.dim);
-        p.causal = opts.causal;
-        p.visible.assign(static_cast<std::size_t>(s.batch), s.len_q);
-        for (std::size_t b = 0; b < opts.key_lengths.size(); ++b)
-            p.visible[b] = std::max<index_t>(0, std::min<index_t>(s.len_q, opts.key_lengths[b]));
+        g.fw = make_input_problem<A>(q, k, v, s, opts.scale, opts.causal, opts.key_lengths, 0);
         g.o = rows_of(out);
         g.dout = rows_of(d_out);
         g.dq = {d_q.data, d_q.strides[0], d_q.strides[1], d_q.strides[2]};

@@ -42,12 +42,7 @@ void softmax_attention_backward_run(const view<const TQ, 4>& q, const view<const
     check_out("out", out, s);
     check_lse("lse", lse, s);
     check_out("d_out", d_out, s);
-    check_layout("d_q", d_q);
-    check_shape("d_q", d_q, {s.batch, s.len_q, s.heads, s.dim}, "[B, Lq, H, D]");
-    check_layout("d_k", d_k);
-    check_shape("d_k", d_k, {s.batch, s.len_k, s.heads_k, s.dim}, "[B, Lk, Hk, D]");
-    check_layout("d_v", d_v);
-    check_shape("d_v", d_v, {s.batch, s.len_k, s.heads_k, s.dim_v}, "[B, Lk, Hk, Dv]");
+    check_qkv_gradients(d_q, d_k, d_v, s);
     check_options(opts, s);
     if (d_sinks) {
         if (opts.sinks.empty())

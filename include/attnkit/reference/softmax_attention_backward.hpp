@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "attnkit/detail/backward/arguments.hpp"
+#include "attnkit/reference/gradient_sums.hpp"
 #include "attnkit/reference/softmax_attention.hpp"
 
 namespace attnkit {
@@ -92,13 +93,8 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
     const bool has_sink = !opts.sinks.empty();
 
     // Gradient accumulators in double: [B, Lq, H, D], [B, Lk, Hk, D], [B, Lk, Hk, Dv], [H].
-    std::vector<double> gq(static_cast<std::size_t>(B * Lq * H * D), 0.0);
-    std::vector<double> gk(static_cast<std::size_t>(B * Lk * Hk * D), 0.0);
-    std::vector<double> gv(static_cast<std::size_t>(B * Lk * Hk * Dv), 0.0);
+    backward_impl::gradient_sums g(B, Lq, Lk, H, Hk, D, Dv);
     std::vector<double> gs(static_cast<std::size_t>(H), 0.0);
-    auto at_q = [&](index_t b, index_t i, index_t h, index_t d) { return ((b * Lq + i) * H + h) * D + d; };
-    auto at_k = [&](index_t b, index_t j, index_t h, index_t d) { return ((b * Lk + j) * Hk + h) * D + d; };
-    auto at_v = [&](index_t b, index_t j, index_t h, index_t d) { return ((b * Lk + j) * Hk + h) * Dv + d; };
 
     // The materialised matrices of one (b, h): raw scores, probabilities, dP, visibility.
     const std::size_t n = static_cast<std::size_t>(Lq * Lk);
@@ -164,26 +160,13 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
                         const double th = std::tanh(raw[ij] / cap);
                         ds *= 1.0 - th * th;
                     }
-                    for (index_t d = 0; d < D; ++d) {
-                        gq[at_q(b, i, h, d)] += scale * ds * to_double(k(b, j, kvh, d));
-                        gk[at_k(b, j, kvh, d)] += scale * ds * to_double(q(b, i, h, d));
-                    }
-                    for (index_t c = 0; c < Dv; ++c) gv[at_v(b, j, kvh, c)] += prob[ij] * to_double(d_out(b, i, h, c));
+                    g.add_pair(q, k, d_out, b, i, h, j, kvh, scale, ds, prob[ij]);
                 }
             }
         }
     }
 
-    for (index_t b = 0; b < B; ++b) {
-        for (index_t i = 0; i < Lq; ++i)
-            for (index_t h = 0; h < H; ++h)
-                for (index_t d = 0; d < D; ++d) d_q(b, i, h, d) = static_cast<TG>(gq[at_q(b, i, h, d)]);
-        for (index_t j = 0; j < Lk; ++j)
-            for (index_t h = 0; h < Hk; ++h) {
-                for (index_t d = 0; d < D; ++d) d_k(b, j, h, d) = static_cast<TG>(gk[at_k(b, j, h, d)]);
-                for (index_t c = 0; c < Dv; ++c) d_v(b, j, h, c) = static_cast<TG>(gv[at_v(b, j, h, c)]);
-            }
-    }
+    g.store(d_q, d_k, d_v);
     if (d_sinks)
         for (index_t h = 0; h < H; ++h) (*d_sinks)(h) = static_cast<TS>(gs[static_cast<std::size_t>(h)]);
 }

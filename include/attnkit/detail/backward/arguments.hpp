@@ -1,5 +1,6 @@
 // The public arguments of softmax_attention_backward as views, named for messages; shared by the
-// kernel and the oracle (the views and their names are the only code they share).
+// kernel and the oracle (the views and their names are the only code they share); and the
+// gradient checks every q/k/v backward shares.
 #pragma once
 
 #include <tuple>
@@ -32,6 +33,20 @@ auto softmax_backward_arguments(const Q& q, const K& k, const V& v, const O& out
                              output_view<4>("d_k", std::forward<GK>(d_k), "[B, Lk, Hk, D]"),
                              output_view<4>("d_v", std::forward<GV>(d_v), "[B, Lk, Hk, Dv]"));
     return std::apply([](auto... x) { return softmax_backward_views<decltype(x)...>{x...}; }, a);
+}
+
+// The gradients of q, k and v of a call of shapes s: d_q [B, Lq, H, D], d_k [B, Lk, Hk, D] and
+// d_v [B, Lk, Hk, Dv], each with a contiguous last dimension (every backward entry point whose
+// inputs are q, k and v; the overlap checks stay with each, as the inputs differ).
+template <class TG>
+void check_qkv_gradients(const view<TG, 4>& d_q, const view<TG, 4>& d_k, const view<TG, 4>& d_v,
+                         const attention_shape& s) {
+    check_layout("d_q", d_q);
+    check_shape("d_q", d_q, {s.batch, s.len_q, s.heads, s.dim}, "[B, Lq, H, D]");
+    check_layout("d_k", d_k);
+    check_shape("d_k", d_k, {s.batch, s.len_k, s.heads_k, s.dim}, "[B, Lk, Hk, D]");
+    check_layout("d_v", d_v);
+    check_shape("d_v", d_v, {s.batch, s.len_k, s.heads_k, s.dim_v}, "[B, Lk, Hk, Dv]");
 }
 
 }  // namespace detail

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "attnkit/detail/backward/arguments.hpp"
 #include "attnkit/detail/check.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/view.hpp"
@@ -52,12 +53,7 @@ attention_shape check_backward(const view<TQ, 4>& q, const view<TK, 4>& k, const
                                const view<TG, 4>& d_k, const view<TG, 4>& d_v, const self_gating_options& opts) {
     const attention_shape s = check_call(q, k, v, out, opts);
     check_out("d_out", d_out, s);
-    check_layout("d_q", d_q);
-    check_shape("d_q", d_q, {s.batch, s.len_q, s.heads, s.dim}, "[B, L, H, D]");
-    check_layout("d_k", d_k);
-    check_shape("d_k", d_k, {s.batch, s.len_k, s.heads_k, s.dim}, "[B, L, Hk, D]");
-    check_layout("d_v", d_v);
-    check_shape("d_v", d_v, {s.batch, s.len_k, s.heads_k, s.dim_v}, "[B, L, Hk, Dv]");
+    check_qkv_gradients(d_q, d_k, d_v, s);
     check_outputs_apart({region_of("d_q", d_q), region_of("d_k", d_k), region_of("d_v", d_v)},
                         {region_of("q", q), region_of("k", k), region_of("v", v), region_of("out", out),
                          region_of("d_out", d_out)});

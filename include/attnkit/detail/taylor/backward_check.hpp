@@ -13,6 +13,7 @@
 #include <tuple>
 #include <utility>
 
+#include "attnkit/detail/backward/arguments.hpp"
 #include "attnkit/detail/check.hpp"
 #include "attnkit/detail/memory_overlap.hpp"
 #include "attnkit/detail/taylor/check.hpp"
@@ -46,12 +47,6 @@ auto backward_arguments(const Q& q, const K& k, const V& v, const O& out, const 
     return std::apply([](auto... x) { return backward_views<decltype(x)...>{x...}; }, a);
 }
 
-template <class T>
-void check_gradient(const char* name, const view<T, 4>& g, const std::array<index_t, 4>& dims, const char* layout) {
-    check_layout(name, g);
-    check_shape<T, 4>(name, g, dims, layout);
-}
-
 // The whole call: returns the shapes.
 template <class TQ, class TK, class TV, class TO, class TD, class TG>
 attention_shape check_backward_call(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v,
@@ -60,9 +55,7 @@ attention_shape check_backward_call(const view<TQ, 4>& q, const view<TK, 4>& k, 
     const attention_shape s = check_qkv(q, k, v);
     check_out("out", out, s);
     check_out("d_out", d_out, s);
-    check_gradient("d_q", d_q, {s.batch, s.len_q, s.heads, s.dim}, "[B, Lq, H, D]");
-    check_gradient("d_k", d_k, {s.batch, s.len_k, s.heads_k, s.dim}, "[B, Lk, Hk, D]");
-    check_gradient("d_v", d_v, {s.batch, s.len_k, s.heads_k, s.dim_v}, "[B, Lk, Hk, Dv]");
+    check_qkv_gradients(d_q, d_k, d_v, s);
     check_options(opts, s);
     check_outputs_apart({region_of("d_q", d_q), region_of("d_k", d_k), region_of("d_v", d_v)},
                         {region_of("q", q), region_of("k", k), region_of("v", v), region_of("out", out),

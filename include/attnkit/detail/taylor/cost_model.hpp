@@ -39,13 +39,18 @@ inline double visible_pairs(index_t len_q, index_t len_k, index_t len, bool caus
     return sum;
 }
 
-inline taylor_form choose_form(const attention_shape& s, const taylor_options& o) {
+// Visible pairs of a whole call: every batch item (its key length) and query head.
+inline double visible_pairs(const attention_shape& s, const taylor_options& o) {
     double pairs = 0.0;
     for (index_t b = 0; b < s.batch; ++b) {
         const index_t len = o.key_lengths.empty() ? s.len_k : static_cast<index_t>(o.key_lengths[b]);
         pairs += visible_pairs(s.len_q, s.len_k, len, o.causal);
     }
-    pairs *= static_cast<double>(s.heads);
+    return pairs * static_cast<double>(s.heads);
+}
+
+inline taylor_form choose_form(const attention_shape& s, const taylor_options& o) {
+    const double pairs = visible_pairs(s, o);
     const double D = static_cast<double>(s.dim), Dv = static_cast<double>(s.dim_v);
     const double F = 1.0 + D + D * (D + 1.0) / 2.0;
     const double rows = static_cast<double>(s.batch) *
@@ -71,12 +76,7 @@ constexpr double kQuadraticBackwardGflops = 24.0;
 constexpr double kLinearBackwardGflops = 21.0;
 
 inline taylor_form choose_backward_form(const attention_shape& s, const taylor_options& o) {
-    double pairs = 0.0;
-    for (index_t b = 0; b < s.batch; ++b) {
-        const index_t len = o.key_lengths.empty() ? s.len_k : static_cast<index_t>(o.key_lengths[b]);
-        pairs += visible_pairs(s.len_q, s.len_k, len, o.causal);
-    }
-    pairs *= static_cast<double>(s.heads);
+    const double pairs = visible_pairs(s, o);
     const double D = static_cast<double>(s.dim), Dv = static_cast<double>(s.dim_v);
     const double F = 1.0 + D + D * (D + 1.0) / 2.0;
     const double q_rows = static_cast<double>(s.batch) * static_cast<double>(s.len_q * s.heads);

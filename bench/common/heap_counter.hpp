@@ -1,0 +1,51 @@
+// Heap accounting for the benchmarks that report the extra memory of a call ("extra_MiB"): the
+// replaced global operator new / delete keep the live bytes and their peak. Include it from
+// exactly one translation unit of a benchmark program (each program is one).
+//
+//   const std::int64_t before = attnkit_bench::heap_live();
+//   attnkit_bench::heap_reset_peak();
+//   ... the call ...
+//   const std::int64_t extra = attnkit_bench::heap_peak() - before;
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+
+namespace attnkit_bench {
+namespace heap_detail {
+inline std::atomic<std::int64_t> g_live{0}, g_peak{0};
+constexpr std::size_t kHeader = 16;  // keeps the user pointer 16-byte aligned
+
+inline void* counted_alloc(std::size_t n) {
+    void* p = std::malloc(n + kHeader);
+    if (!p) throw std::bad_alloc();
+    *static_cast<std::size_t*>(p) = n;
+    const std::int64_t live = g_live.fetch_add(static_cast<std::int64_t>(n)) + static_cast<std::int64_t>(n);
+    std::int64_t peak = g_peak.load();
+    while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
+    }
+    return static_cast<char*>(p) + kHeader;
+}
+inline void counted_free(void* q) noexcept {
+    if (!q) return;
+    void* p = static_cast<char*>(q) - kHeader;
+    g_live.fetch_sub(static_cast<std::int64_t>(*static_cast<std::size_t*>(p)));
+    std::free(p);
+}
+}  // namespace heap_detail
+
+inline std::int64_t heap_live() { return heap_detail::g_live.load(); }
+inline std::int64_t heap_peak() { return heap_detail::g_peak.load(); }
+// From now on the peak counts from what is live now.
+inline void heap_reset_peak() { heap_detail::g_peak.store(heap_detail::g_live.load()); }
+}  // namespace attnkit_bench
+
+void* operator new(std::size_t n) { return attnkit_bench::heap_detail::counted_alloc(n); }
+void* operator new[](std::size_t n) { return attnkit_bench::heap_detail::counted_alloc(n); }
+void operator delete(void* p) noexcept { attnkit_bench::heap_detail::counted_free(p); }
+void operator delete[](void* p) noexcept { attnkit_bench::heap_detail::counted_free(p); }
+void operator delete(void* p, std::size_t) noexcept { attnkit_bench::heap_detail::counted_free(p); }
+void operator delete[](void* p, std::size_t) noexcept { attnkit_bench::heap_detail::counted_free(p); }
