@@ -552,6 +552,7 @@ TEST(decode, steps_identical_for_any_thread_count) {
     };
     const tensor4<float> one = run(nullptr);
     for (std::size_t n : {2u, 3u}) {
+        if (kReducedSweep && n == 3) continue;  // the reduced builds: one pool size past the single thread
         attnkit::thread_pool pool(n);
         const tensor4<float> more = run(&pool);
         EXPECT_TRUE(all_close(more, one, 0.0, 0.0)) << n << " threads";

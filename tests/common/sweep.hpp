@@ -5,10 +5,12 @@
 // paths of the same cases: another vector width's main loops and tails, and ASan/UBSan/TSan's
 // checks of every access. A sweep's shapes (the lane and tile edges, masks, GQA, lengths) are
 // what reaches those paths, not the product of the shapes with a second axis such as the 16-bit
-// storage type, so the reduced builds keep every shape and take the second axis in rotation
-// (shape i with choice i mod n): each choice still meets a third or so of the shapes, spread
-// over all of them, at a fraction of the run time (the 4-lane SSE2 build and the instrumented
-// ones run several times slower than the native one).
+// storage type, so the reduced builds keep every structured shape and take the second axis in
+// rotation (shape i with choice i mod n): each choice still meets a third or so of the shapes,
+// spread over all of them. Seeded random samples on top of the structured shapes are shortened
+// (a prefix of the native sample), and thread-count sweeps keep one pool size past one thread.
+// All at a fraction of the run time: the 4-lane SSE2 build and the instrumented ones run several
+// times slower than the native one.
 #pragma once
 
 #include <cstddef>
