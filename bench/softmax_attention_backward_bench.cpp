@@ -148,17 +148,8 @@ void run_case(benchmark::State& state, const bwd_case& c, family f) {
             case family::materialised: materialised_backward(p, o); break;
         }
     };
-    const std::int64_t before = heap_live();
-    heap_reset_peak();
-    call();  // warm-up, and the extra heap of one call
-    const double extra = static_cast<double>(heap_peak() - before);
-    const double cpu0 = process_cpu_seconds();
-    const auto t0 = clock_type::now();
-    for (auto _ : state) call();
-    const double seconds = seconds_since(t0), cpu = process_cpu_seconds() - cpu0;
     const double fwd = attention_flops(c.dims, o);
-    set_flop_counters(state, f == family::forward ? fwd : 2.5 * fwd, seconds, cpu, c.threads);
-    state.counters["extra_MiB"] = extra / (1024.0 * 1024.0);
+    time_counting_heap(state, call, f == family::forward ? fwd : 2.5 * fwd, c.threads);
 }
 
 std::vector<bwd_case> cases() {

@@ -98,16 +98,7 @@ void run_case(benchmark::State& state, const bwd_case& c, family f) {
         else
             attnkit::taylor_attention_backward(p.q, p.k, p.v, p.out, p.dout, p.dq, p.dk, p.dv, o);
     };
-    const std::int64_t before = heap_live();
-    heap_reset_peak();
-    call();  // warm-up, and the extra heap of one call
-    const double extra = static_cast<double>(heap_peak() - before);
-    const double cpu0 = process_cpu_seconds();
-    const auto t0 = clock_type::now();
-    for (auto _ : state) call();
-    const double seconds = seconds_since(t0), cpu = process_cpu_seconds() - cpu0;
-    set_flop_counters(state, counted_flops(c, f), seconds, cpu, c.threads);
-    state.counters["extra_MiB"] = extra / (1024.0 * 1024.0);
+    time_counting_heap(state, call, counted_flops(c, f), c.threads);
 }
 
 std::vector<bwd_case> cases() {

@@ -2,10 +2,9 @@
 // replaced global operator new / delete keep the live bytes and their peak. Include it from
 // exactly one translation unit of a benchmark program (each program is one).
 //
-//   const std::int64_t before = attnkit_bench::heap_live();
-//   attnkit_bench::heap_reset_peak();
-//   ... the call ...
-//   const std::int64_t extra = attnkit_bench::heap_peak() - before;
+//   attnkit_bench::time_counting_heap(state, call, flops_per_call, threads);
+//       one warm-up call, whose heap peak beyond what was live is reported as extra_MiB, then
+//       call() timed over the benchmark's iterations with the FLOP counters of bench_main.hpp
 #pragma once
 
 #include <atomic>
@@ -13,6 +12,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+
+#include "common/bench_main.hpp"
+#include "common/machine.hpp"
 
 namespace attnkit_bench {
 namespace heap_detail {
@@ -41,6 +43,20 @@ inline std::int64_t heap_live() { return heap_detail::g_live.load(); }
 inline std::int64_t heap_peak() { return heap_detail::g_peak.load(); }
 // From now on the peak counts from what is live now.
 inline void heap_reset_peak() { heap_detail::g_peak.store(heap_detail::g_live.load()); }
+
+template <class Call>
+void time_counting_heap(benchmark::State& state, Call&& call, double flops, int threads) {
+    const std::int64_t before = heap_live();
+    heap_reset_peak();
+    call();  // warm-up, and the extra heap of one call
+    const double extra = static_cast<double>(heap_peak() - before);
+    const double cpu0 = process_cpu_seconds();
+    const auto t0 = clock_type::now();
+    for (auto _ : state) call();
+    const double seconds = seconds_since(t0), cpu = process_cpu_seconds() - cpu0;
+    set_flop_counters(state, flops, seconds, cpu, threads);
+    state.counters["extra_MiB"] = extra / (1024.0 * 1024.0);
+}
 }  // namespace attnkit_bench
 
 void* operator new(std::size_t n) { return attnkit_bench::heap_detail::counted_alloc(n); }

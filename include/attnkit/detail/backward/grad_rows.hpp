@@ -29,6 +29,42 @@ namespace attnkit {
 namespace detail {
 namespace backward {
 
+// The walk of a tile every policy shares: for each row r, row(r) gives the row's element
+// function g(x, d) (per-row constants taken once), which turns one vector of scores x into P
+// and one of dP d into dS in place; entries of keys outside [lo[r], hi[r]) then become exactly 0
+// by selection, and both are stored back.
+template <class A, class Row>
+ATTNKIT_ALWAYS_INLINE void tile_grads(float* s, float* dp, index_t n_rows, index_t key0, bool masked,
+                                      const index_t* lo, const index_t* hi, Row&& row) {
+    using V = simd::vfloat<A>;
+    constexpr int kNR = tile_traits<A>::kNR;
+    constexpr index_t W = tile_traits<A>::kLanes;
+    constexpr index_t RT = tile_traits<A>::kTileRows;
+    const V zero(0.0f);
+    V key[kNR];
+    for (int n = 0; n < kNR; ++n) {
+        alignas(64) float idx[W];
+        for (index_t l = 0; l < W; ++l) idx[l] = static_cast<float>(key0 + n * W + l);
+        key[n] = simd::loadu<A>(idx);
+    }
+    for (index_t r = 0; r < n_rows; ++r) {
+        const auto g = row(r);
+        const V lov(static_cast<float>(lo[r])), hiv(static_cast<float>(hi[r]));
+        for (int n = 0; n < kNR; ++n) {
+            float* sp = s + r * RT + n * W;
+            float* dpp = dp + r * RT + n * W;
+            V p = simd::loadu<A>(sp), ds = simd::loadu<A>(dpp);
+            g(p, ds);
+            if (masked) {
+                p = simd::select(key[n] < lov, zero, simd::select(key[n] >= hiv, zero, p));
+                ds = simd::select(key[n] < lov, zero, simd::select(key[n] >= hiv, zero, ds));
+            }
+            simd::storeu(sp, p);
+            simd::storeu(dpp, ds);
+        }
+    }
+}
+
 // Softmax: P = 2^(s - lse2), dS = P (dP - D_r); under a soft-cap the scores arrive raw (scaled,
 // not in log2 units, as the forward packs them), are capped here exactly as the forward caps
 // them, and dS takes the factor 1 - tanh^2.
@@ -41,39 +77,23 @@ struct softmax_grad_rows {
     ATTNKIT_NOINLINE void grads(float* s, float* dp, index_t n_rows, index_t key0, bool masked, const index_t* lo,
                                 const index_t* hi, const float* lse2, const float* d_row) const {
         using V = simd::vfloat<A>;
-        constexpr int kNR = tile_traits<A>::kNR;
-        constexpr index_t W = tile_traits<A>::kLanes;
-        constexpr index_t RT = tile_traits<A>::kTileRows;
-        const V zero(0.0f), one(1.0f);
+        const V one(1.0f);
         const V inv_cap(softcap > 0.0f ? 1.0f / softcap : 0.0f), cap_log2(softcap * simd::kLog2e);
-        V key[kNR];
-        for (int n = 0; n < kNR; ++n) {
-            alignas(64) float idx[W];
-            for (index_t l = 0; l < W; ++l) idx[l] = static_cast<float>(key0 + n * W + l);
-            key[n] = simd::loadu<A>(idx);
-        }
-        for (index_t r = 0; r < n_rows; ++r) {
+        const bool capped = softcap > 0.0f;
+        tile_grads<A>(s, dp, n_rows, key0, masked, lo, hi, [&](index_t r) {
             const V m(lse2[r]), d(d_row[r]);
-            const V lov(static_cast<float>(lo[r])), hiv(static_cast<float>(hi[r]));
-            for (int n = 0; n < kNR; ++n) {
-                float* sp = s + r * RT + n * W;
-                float* dpp = dp + r * RT + n * W;
-                V x = simd::loadu<A>(sp), th(0.0f);
-                if (softcap > 0.0f) {  // as the forward: c log2(e) tanh(raw / c)
+            return [=](V& x, V& dpv) {
+                V th(0.0f);
+                if (capped) {  // as the forward: c log2(e) tanh(raw / c)
                     th = simd::tanh(x * inv_cap);
                     x = cap_log2 * th;
                 }
-                V p = simd::exp2(x - m);
-                V ds = p * (simd::loadu<A>(dpp) - d);
-                if (softcap > 0.0f) ds = ds * (one - th * th);
-                if (masked) {
-                    p = simd::select(key[n] < lov, zero, simd::select(key[n] >= hiv, zero, p));
-                    ds = simd::select(key[n] < lov, zero, simd::select(key[n] >= hiv, zero, ds));
-                }
-                simd::storeu(sp, p);
-                simd::storeu(dpp, ds);
-            }
-        }
+                const V p = simd::exp2(x - m);
+                dpv = p * (dpv - d);
+                if (capped) dpv = dpv * (one - th * th);
+                x = p;
+            };
+        });
     }
 };
 

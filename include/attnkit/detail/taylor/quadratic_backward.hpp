@@ -48,33 +48,15 @@ struct grad_rows {
     ATTNKIT_NOINLINE void grads(float* s, float* dp, index_t n_rows, index_t key0, bool masked, const index_t* lo,
                                 const index_t* hi, const float* inv, const float* inv_d) const {
         using V = simd::vfloat<A>;
-        constexpr int kNR = tile_traits<A>::kNR;
-        constexpr index_t W = tile_traits<A>::kLanes;
-        constexpr index_t RT = tile_traits<A>::kTileRows;
-        const V zero(0.0f), one(1.0f), half(0.5f);
-        V key[kNR];
-        for (int n = 0; n < kNR; ++n) {
-            alignas(64) float idx[W];
-            for (index_t l = 0; l < W; ++l) idx[l] = static_cast<float>(key0 + n * W + l);
-            key[n] = simd::loadu<A>(idx);
-        }
-        for (index_t r = 0; r < n_rows; ++r) {
+        const V one(1.0f), half(0.5f);
+        backward::tile_grads<A>(s, dp, n_rows, key0, masked, lo, hi, [&](index_t r) {
             const V a(inv[r]), nb(-inv_d[r]);
-            const V lov(static_cast<float>(lo[r])), hiv(static_cast<float>(hi[r]));
-            for (int n = 0; n < kNR; ++n) {
-                float* sp = s + r * RT + n * W;
-                float* dpp = dp + r * RT + n * W;
-                const V x = simd::loadu<A>(sp);
-                V p = simd::fma(x, simd::fma(x, half, one), one) * a;
-                V ds = simd::fma(a, simd::loadu<A>(dpp), nb) * (x + one);
-                if (masked) {
-                    p = simd::select(key[n] < lov, zero, simd::select(key[n] >= hiv, zero, p));
-                    ds = simd::select(key[n] < lov, zero, simd::select(key[n] >= hiv, zero, ds));
-                }
-                simd::storeu(sp, p);
-                simd::storeu(dpp, ds);
-            }
-        }
+            return [=](V& x, V& dpv) {
+                const V w = simd::fma(x, simd::fma(x, half, one), one);
+                dpv = simd::fma(a, dpv, nb) * (x + one);
+                x = w * a;
+            };
+        });
     }
 };
 
