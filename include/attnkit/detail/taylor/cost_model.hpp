@@ -67,11 +67,10 @@ inline taylor_form choose_form(const attention_shape& s, const taylor_options& o
 // updates two states, S forward over the keys and R in reverse over the queries:
 // 2 F (Dv + 1) FLOPs per state update or read, two per query row (read S, enter R) and three per
 // key row (enter S, read R twice: for d_k and for d_v), plus the chunk-local pairs through the
-// tile kernel when causal. The rates are the backward kernels' own in these units, medians of
-// bench/taylor_attention_backward_bench at B = 1, H = 8, causal, 1 thread (CPU time), L = 2048:
-// quadratic 24 at D = 64 and 128; linear 20 at D = 64, 25 at D = 128 (its GEMMs have Dv + 1
-// columns, a poor fit for the micro-tile at Dv = 64). Causal crossovers they give: about
-// L = 5100 at D = 64 and L = 19000 at D = 128.
+// tile kernel when causal. The rates are the backward kernels' own in these units, calibrated
+// from bench/taylor_attention_backward_bench (the runs and the crossovers they give are in
+// docs/benchmarks.md, "Taylor attention backward"); the linear form's rate is the lower one
+// because its GEMMs have Dv + 1 columns, a poor fit for the micro-tile at Dv = 64.
 constexpr double kQuadraticBackwardGflops = 24.0;
 constexpr double kLinearBackwardGflops = 21.0;
 
