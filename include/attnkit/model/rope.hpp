@@ -1,22 +1,38 @@
-// Rotary position embedding, in place, in the rotate-half convention of Llama / Qwen2.5
-// (Hugging Face `rotate_half`): the head dim D (even) splits into halves x1 = x[:D/2] and
-// x2 = x[D/2:], and for c < D/2, position p and frequency f_c = theta^(-2c/D):
+// Rotary position embedding, in place, as the checkpoints of Hugging Face, Meta and GGUF use it.
+// x [B, L, H, D] (float, Eigen::bfloat16 or Eigen::half, any view with contiguous rows, e.g. into
+// a fused QKV buffer). The first R elements of each head (the rotary part, R = D unless partial)
+// are rotated pair by pair, the rest pass through; pair c < R/2 at position p turns by the angle
+// p f_c, f_c = theta^(-2c/R) changed by the frequency scaling (rope_options.hpp):
 //
-//   x1'[c] = x1[c] cos(p f_c) - x2[c] sin(p f_c)
-//   x2'[c] = x2[c] cos(p f_c) + x1[c] sin(p f_c)
+//   (u, v) -> (u cos - v sin, v cos + u sin) * attention_factor
+//   rotate_half:  (u, v) = (x[c], x[c + R/2])   Hugging Face / GPT-NeoX: Llama, Qwen2, Mistral, ...
+//   interleaved:  (u, v) = (x[2c], x[2c + 1])   GPT-J, Meta's original Llama weights, GGUF
 //
-//   attnkit::model::rope_options ro;   ro.theta = 1e6f (Qwen2.5) or 1e4f (Llama 2);
-//   ro.position_offset = n_cached;     // decode: the first row of x sits at this position
-//   attnkit::model::rope(q, ro);       // q [B, L, H, D] (any view, e.g. into a fused QKV buffer)
-//   attnkit::model::rope(k, ro);
+//   attnkit::model::rope_options ro;              // Llama 3.1 8B: theta 5e5, llama3 scaling
+//   ro.theta = 500000.0f;
+//   ro.scaling.type = attnkit::model::rope_scaling_type::llama3;
+//   ro.scaling.factor = 8;  ro.scaling.low_freq_factor = 1;  ro.scaling.high_freq_factor = 4;
+//   ro.scaling.original_max_position_embeddings = 8192;
+//   ro.position_offset = n_cached;                // prefill / decode of one sequence: row l at n_cached + l
+//   attnkit::model::rope(q, ro);  attnkit::model::rope(k, ro);
+//   attnkit::model::rope(k_step, positions, ro);  // ragged batch: positions [B, L] (int64 or int32)
 //
-// Row l of x is at position position_offset + l, so a decode step with the offset equal to
-// the cache length rotates exactly as the same row of a full prefill. Angles are computed in
-// double (p f_c reaches 1e5 radians at long contexts, where float arguments would lose the
-// phase) once per (position, c) and shared by every batch item and head.
+// Positions: with a positions tensor, row (b, l) sits at positions(b, l) (>= 0), so a batch of
+// sequences at different lengths decodes in one call; without one, at position_offset + l. Angles
+// are computed in double (p f_c reaches 1e5 radians at long contexts, where float arguments would
+// lose the phase) once per distinct position and frequency of the call, and shared by every row
+// and head at that position. The value of every element depends only on its own input, position
+// and the options: one call or many, any thread count, give the same bits.
+//
+// 16-bit x is read as float, rotated in float and rounded to nearest even once: exactly what
+// rotating the float-converted values and rounding them would give.
+//
+// Errors (std::invalid_argument naming the argument and the shapes, before anything is written):
+// bad options (rope_options.hpp), positions not [B, L] or negative, position_offset with a
+// positions tensor, positions past int64, a view that reaches one element twice.
 #pragma once
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -25,61 +41,114 @@
 #include <vector>
 
 #include "attnkit/detail/check.hpp"
+#include "attnkit/detail/rope/frequencies.hpp"
+#include "attnkit/detail/rope/rotate.hpp"
+#include "attnkit/model/rope_options.hpp"
+#include "attnkit/simd/convert.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "attnkit/view.hpp"
 
 namespace attnkit {
 namespace model {
 
-struct rope_options {
-    float theta = 10000.0f;             // base of the frequencies, finite and > 1
-    std::int64_t position_offset = 0;   // position of row 0, >= 0
-    thread_pool* pool = nullptr;
-};
+namespace detail {
+
+// x's rows at the positions of table rows: row (b, l) uses table row row_of(b, l).
+template <class T, class RowOf>
+void rope_apply(const view<T, 4>& x, index_t R, const rope_options& o, const std::vector<std::int64_t>& distinct,
+                RowOf&& row_of) {
+    namespace rp = attnkit::detail::rope;
+    const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2];
+    const bool interleaved = o.style == rope_style::interleaved;
+    const std::vector<double> freq = rp::frequencies(o, R);
+    const double attention = rp::attention_factor(o.scaling);
+    const index_t stride = rp::table_row_floats(interleaved, R);
+    std::vector<float> table(static_cast<std::size_t>(static_cast<index_t>(distinct.size()) * stride));
+    rp::build_table(distinct.data(), static_cast<index_t>(distinct.size()), freq, attention, interleaved, table.data(),
+                    o.pool);
+    using A = simd::default_arch;
+    parallel_for(o.pool, B * L, [&](index_t bl) {
+        const index_t b = bl / L, l = bl % L;
+        const float* row = table.data() + row_of(b, l) * stride;
+        for (index_t h = 0; h < H; ++h) {
+            if (interleaved)
+                rp::interleaved_head<A>(x.ptr(b, l, h), row, R);
+            else
+                rp::rotate_half_head<A>(x.ptr(b, l, h), row, R);
+        }
+    });
+}
 
 template <class X>
-void rope(X&& x_in, const rope_options& o = {}) {
-    const auto x = attnkit::detail::output_view<4>("x", std::forward<X>(x_in), "[B, L, H, D]");
-    static_assert(std::is_same<typename decltype(x)::value_type, float>::value, "attnkit::model::rope: float x");
+auto rope_x_view(X&& x_in) {
+    auto x = attnkit::detail::output_view<4>("x", std::forward<X>(x_in), "[B, L, H, D]");
+    using T = typename decltype(x)::value_type;
+    static_assert(simd::kIsStorageType<T>, "attnkit::model::rope: x must be float, Eigen::bfloat16 or Eigen::half");
     attnkit::detail::check_layout("x", x);
+    return x;
+}
+
+}  // namespace detail
+
+// Row l of x at position o.position_offset + l.
+template <class X>
+void rope(X&& x_in, const rope_options& o = {}) {
+    const auto x = detail::rope_x_view(std::forward<X>(x_in));
     const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2], D = x.dims[3];
-    if (D % 2 != 0) attnkit::detail::fail("x: the head dim must be even for rotate-half RoPE, got " + shape_string(x));
-    if (!(o.theta > 1.0f) || !std::isfinite(o.theta))
-        attnkit::detail::fail("opts.theta: expected a finite value > 1, got " + attnkit::detail::number(o.theta));
-    if (o.position_offset < 0)
-        attnkit::detail::fail("opts.position_offset: expected >= 0, got " + std::to_string(o.position_offset));
+    const index_t R = detail::check_rope_options(o, D, shape_string(x));
     if (L > 0 && o.position_offset > std::numeric_limits<std::int64_t>::max() - L)
         attnkit::detail::fail("opts.position_offset: " + std::to_string(o.position_offset) + " + L = " +
                               std::to_string(L) + " overflows int64");
     // A row reached through several indices (a zero stride) would be rotated several times.
     attnkit::detail::check_outputs_apart({attnkit::detail::region_of("x", x)}, {});
-    const index_t half = D / 2;
-    if (B == 0 || L == 0 || H == 0 || D == 0) return;
+    if (B == 0 || L == 0 || H == 0 || R == 0) return;
+    std::vector<std::int64_t> distinct(static_cast<std::size_t>(L));
+    for (index_t l = 0; l < L; ++l) distinct[static_cast<std::size_t>(l)] = o.position_offset + l;
+    detail::rope_apply(x, R, o, distinct, [](index_t, index_t l) { return l; });
+}
 
-    std::vector<float> cs(static_cast<std::size_t>(L * half)), sn(cs.size());
-    std::vector<double> freq(static_cast<std::size_t>(half));
-    for (index_t c = 0; c < half; ++c)
-        freq[static_cast<std::size_t>(c)] =
-            std::pow(static_cast<double>(o.theta), -2.0 * static_cast<double>(c) / static_cast<double>(D));
-    for (index_t l = 0; l < L; ++l)
-        for (index_t c = 0; c < half; ++c) {
-            const double a = static_cast<double>(o.position_offset + l) * freq[static_cast<std::size_t>(c)];
-            cs[static_cast<std::size_t>(l * half + c)] = static_cast<float>(std::cos(a));
-            sn[static_cast<std::size_t>(l * half + c)] = static_cast<float>(std::sin(a));
+// Row (b, l) of x at position positions(b, l): positions [B, L], int64 or int32, >= 0, any
+// strides (a [B] vector of decode positions is a view with dims {B, 1}). o.position_offset must
+// be 0.
+template <class X, class P,
+          std::enable_if_t<attnkit::detail::tensor_traits<std::decay_t<P>>::kIsTensorish, int> = 0>
+void rope(X&& x_in, const P& positions_in, const rope_options& o = {}) {
+    const auto x = detail::rope_x_view(std::forward<X>(x_in));
+    const auto pos = attnkit::detail::input_view<2>("positions", positions_in, "[B, L]");
+    using PT = typename decltype(pos)::value_type;
+    static_assert(std::is_same<PT, std::int64_t>::value || std::is_same<PT, std::int32_t>::value,
+                  "attnkit::model::rope: positions must be int64 or int32");
+    const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2], D = x.dims[3];
+    const index_t R = detail::check_rope_options(o, D, shape_string(x));
+    if (o.position_offset != 0)
+        attnkit::detail::fail("opts.position_offset: expected 0 with a positions tensor (positions give every row's "
+                              "position), got " + std::to_string(o.position_offset));
+    attnkit::detail::check_extent("positions", pos);
+    if (pos.dims[0] != B || pos.dims[1] != L)
+        attnkit::detail::fail("positions: expected shape [B, L] = [" + std::to_string(B) + ", " + std::to_string(L) +
+                              "] for x " + shape_string(x) + ", got " + shape_string(pos));
+    attnkit::detail::check_outputs_apart({attnkit::detail::region_of("x", x)},
+                                         {attnkit::detail::region_of("positions", pos)});
+    std::vector<std::int64_t> all(static_cast<std::size_t>(B * L));
+    for (index_t b = 0; b < B; ++b)
+        for (index_t l = 0; l < L; ++l) {
+            const std::int64_t p = static_cast<std::int64_t>(pos(b, l));
+            if (p < 0)
+                attnkit::detail::fail("positions: expected >= 0, got " + std::to_string(p) + " at [" +
+                                      std::to_string(b) + ", " + std::to_string(l) + "] of " + shape_string(pos));
+            all[static_cast<std::size_t>(b * L + l)] = p;
         }
-    parallel_for(o.pool, B * L, [&](index_t bl) {
-        const index_t b = bl / L, l = bl % L;
-        const float* c0 = cs.data() + l * half;
-        const float* s0 = sn.data() + l * half;
-        for (index_t h = 0; h < H; ++h) {
-            float* r = x.ptr(b, l, h);
-            for (index_t c = 0; c < half; ++c) {
-                const float x1 = r[c], x2 = r[c + half];
-                r[c] = x1 * c0[c] - x2 * s0[c];
-                r[c + half] = x2 * c0[c] + x1 * s0[c];
-            }
-        }
-    });
+    if (B == 0 || L == 0 || H == 0 || R == 0) return;
+    // One table row per distinct position: a decode batch at 16 lengths computes 16 rows, a
+    // batch of prompts at the same offsets shares theirs.
+    std::vector<std::int64_t> distinct = all;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    std::vector<index_t> row(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i)
+        row[i] = std::lower_bound(distinct.begin(), distinct.end(), all[i]) - distinct.begin();
+    detail::rope_apply(x, R, o, distinct,
+                       [&](index_t b, index_t l) { return row[static_cast<std::size_t>(b * L + l)]; });
 }
 
 }  // namespace model

@@ -6,6 +6,7 @@
 //   simd::load_float_partial<A>(p, n) n < W elements, the other lanes 0, nothing read past p + n
 //   simd::to_float(x)                 one element
 //   simd::convert_row<A>(src, dst, n) n elements to float (packing a tile)
+//   simd::store_float<A>(p, v)        W floats stored as T, rounded to nearest even (Eigen's rule)
 //   simd::split_bf16x3 / dot_bf16x3   bfloat16 dot products with vdpbf16ps (AVX-512 BF16)
 //
 // bfloat16 is the upper half of a float: widening is a shift (or an unpack against zero). half
@@ -65,6 +66,23 @@ ATTNKIT_ALWAYS_INLINE vfloat<A> load_float(const Eigen::half* p) noexcept {
 template <class A>
 ATTNKIT_ALWAYS_INLINE void load_bf16_pairs(const Eigen::bfloat16* p, vfloat<A>& even, vfloat<A>& odd) noexcept {
     kernel::load_bf16_pairs(p, even, odd, A{});
+}
+
+// W floats stored at p as T: float as they are, bfloat16 and half rounded to nearest even, as
+// Eigen::bfloat16(float) and Eigen::half(float) round one element (NaN stays NaN, overflow gives
+// infinity), so a kernel that computes in float and stores 16-bit gives exactly what rounding
+// its float result would.
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_float(float* p, const vfloat<A>& v) noexcept {
+    storeu(p, v);
+}
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_float(Eigen::bfloat16* p, const vfloat<A>& v) noexcept {
+    kernel::store_float(p, v, A{});
+}
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_float(Eigen::half* p, const vfloat<A>& v) noexcept {
+    kernel::store_float(p, v, A{});
 }
 
 // ---- bfloat16 dot products on AVX-512 BF16 (vdpbf16ps) ----

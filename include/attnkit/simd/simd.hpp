@@ -115,6 +115,15 @@ ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> select(const xsimd::batch_bool<floa
     return kernel::select(c, a, b, A{});
 }
 
+// ---- permutations ----
+
+// Lanes 2i and 2i + 1 exchanged (the pairs of interleaved RoPE). Vectors of an even lane count
+// only: simd::scalar_arch has none, its callers work on pairs of scalars instead.
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> swap_pairs(const xsimd::batch<float, A>& v) noexcept {
+    return kernel::swap_pairs(v, A{});
+}
+
 // ---- reductions ----
 
 ATTNKIT_ALWAYS_INLINE float hsum(scalar_float v) noexcept { return kernel::hsum(v, scalar_arch{}); }

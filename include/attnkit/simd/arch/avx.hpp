@@ -9,6 +9,10 @@
 //                               halves (sse.hpp's widen4) joined, still no element loop.
 //   load_bf16_pairs             AVX2 only (it needs the 256-bit shift and mask); plain AVX
 //                               uses the generic element loop.
+//   store_float (16-bit)        half by vcvtps2ph where the target has F16C; bfloat16 on AVX2
+//                               by integer round-to-nearest-even and one pack (Eigen's rule,
+//                               NaN to the quiet NaN of its sign), not an element loop.
+//   swap_pairs                  one vpermilps.
 // avx does not derive from sse2 in xsimd 8 (it does in later releases), so store_fence is
 // repeated here rather than inherited.
 #pragma once
@@ -69,6 +73,41 @@ ATTNKIT_ALWAYS_INLINE void load_bf16_pairs(const T* p, xsimd::batch<float, A>& e
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     even = B(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
     odd = B(_mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u)))));
+}
+#endif  // XSIMD_WITH_AVX2
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> swap_pairs(const xsimd::batch<float, A>& v, requires_arch<avx>) noexcept {
+    return xsimd::batch<float, A>(_mm256_permute_ps(v, 0xB1));
+}
+
+#if defined(__F16C__)
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_float(Eigen::half* p, const xsimd::batch<float, A>& v, requires_arch<avx>) noexcept {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#endif
+#if XSIMD_WITH_AVX2
+// Round to nearest even on the bits (add 0x7fff plus the lowest kept bit, keep the top half);
+// NaN becomes 0x7fc0 with its sign, as Eigen::bfloat16(float) does.
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_float(Eigen::bfloat16* p, const xsimd::batch<float, A>& v,
+                                       requires_arch<avx2>) noexcept {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i quiet = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
+    r = _mm256_blendv_epi8(r, quiet, nan);
+    // Every lane is in [0, 0xffff]: the unsigned-saturating pack keeps it as it is.
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_float(Eigen::half* p, const xsimd::batch<float, A>& v, requires_arch<avx2>) noexcept {
+    store_float(p, v, avx{});
 }
 #endif  // XSIMD_WITH_AVX2
 

@@ -14,6 +14,10 @@
 //   (16-bit)        vcvtph2ps, instead of the generic element loop.
 //   load_bf16_pairs even / odd elements by one shift and one mask per 32 elements.
 //   dot_bf16x3      vdpbf16ps where the target has AVX-512 BF16 (see simd/convert.hpp).
+//   store_float     sixteen half by one vcvtps2ph; sixteen bfloat16 by integer
+//   (16-bit)        round-to-nearest-even and one vpmovdw (Eigen's rule, NaN to the quiet NaN
+//                   of its sign: vcvtneps2bf16 would flush subnormals).
+//   swap_pairs      one vpermilps.
 //
 // GCC 12 reports -Wmaybe-uninitialized in every caller of an AVX-512 intrinsic that passes an
 // undefined merge source (GCC bug 105593, a false positive), so where a plain intrinsic does
@@ -121,6 +125,32 @@ ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> dot_bf16x3(const xsimd::batch<float
     return xsimd::batch<float, A>(a);
 }
 #endif  // __AVX512BF16__
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> swap_pairs(const xsimd::batch<float, A>& v, requires_arch<avx512f>) noexcept {
+    return xsimd::batch<float, A>(_mm512_permute_ps(v, 0xB1));
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_float(Eigen::half* p, const xsimd::batch<float, A>& v, requires_arch<avx512f>) noexcept {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_maskz_cvtps_ph(__mmask16(0xffff), v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_float(Eigen::bfloat16* p, const xsimd::batch<float, A>& v,
+                                       requires_arch<avx512f>) noexcept {
+    const __mmask16 all = __mmask16(0xffff);
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i hi = _mm512_maskz_srli_epi32(all, u, 16);
+    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    const __m512i r = _mm512_maskz_srli_epi32(
+        all, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan =
+        _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i quiet = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_maskz_cvtepi32_epi16(all, _mm512_mask_blend_epi32(nan, r, quiet)));
+}
 
 }  // namespace kernel
 }  // namespace simd

@@ -185,6 +185,29 @@ ATTNKIT_ALWAYS_INLINE void load_bf16_pairs(const T* p, xsimd::batch<float, A>& e
     odd = kernel::loadu<A>(o, A{});
 }
 
+// Rounded to T (Eigen::bfloat16 or Eigen::half) element by element through a small buffer, by
+// Eigen's own conversion (round to nearest even), the rule the vector kernels reproduce.
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE void store_float(T* p, const xsimd::batch<float, A>& v, requires_arch<generic>) noexcept {
+    constexpr std::size_t W = xsimd::batch<float, A>::size;
+    alignas(64) float buf[W];
+    v.store_aligned(buf);
+    for (std::size_t i = 0; i < W; ++i) p[i] = T(buf[i]);
+}
+
+// ---- lane permutations ----
+
+// Lanes 2i and 2i + 1 exchanged, through memory (the x86 files do it in one instruction).
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> swap_pairs(const xsimd::batch<float, A>& v, requires_arch<generic>) noexcept {
+    constexpr std::size_t W = xsimd::batch<float, A>::size;
+    static_assert(W % 2 == 0, "swap_pairs needs an even lane count");
+    alignas(64) float a[W], b[W];
+    v.store_aligned(a);
+    for (std::size_t i = 0; i < W; ++i) b[i] = a[i ^ 1u];
+    return xsimd::batch<float, A>::load_aligned(b);
+}
+
 // No bfloat16 dot-product instruction: both operands widened (lane i gets element i and i + W
 // of the chunk, a different pairing from vdpbf16ps, the same sum).
 constexpr bool has_bf16_dot(requires_arch<generic>) noexcept { return false; }

@@ -97,6 +97,10 @@ ATTNKIT_ALWAYS_INLINE void load_bf16_pairs(const T* p, S& even, S& odd, requires
     even = S(to_float(p[0]));
     odd = S(to_float(p[1]));
 }
+template <class T>
+ATTNKIT_ALWAYS_INLINE void store_float(T* p, S v, requires_arch<scalar_arch>) noexcept {
+    *p = T(v.v);  // Eigen's conversion: round to nearest even
+}
 constexpr bool has_bf16_dot(requires_arch<scalar_arch>) noexcept { return false; }
 template <class T>
 ATTNKIT_ALWAYS_INLINE S dot_bf16x3(S acc, const T* qx, const T* k, requires_arch<scalar_arch>) noexcept {

@@ -8,6 +8,7 @@
 //                               target has F16C, else by an exact integer sequence (plain SSE2
 //                               has no half conversion), instead of the generic element loop.
 //   load_bf16_pairs             even / odd elements by one shift and one mask per 8 elements.
+//   swap_pairs                  one shufps.
 // widen4 is also the building block of the AVX (no AVX2) 16-bit loads in avx.hpp.
 #pragma once
 
@@ -77,6 +78,12 @@ ATTNKIT_ALWAYS_INLINE void load_bf16_pairs(const T* p, xsimd::batch<float, A>& e
     const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     even = B(_mm_castsi128_ps(_mm_slli_epi32(x, 16)));
     odd = B(_mm_castsi128_ps(_mm_and_si128(x, _mm_set1_epi32(static_cast<int>(0xffff0000u)))));
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> swap_pairs(const xsimd::batch<float, A>& v, requires_arch<sse2>) noexcept {
+    const __m128 x = v;
+    return xsimd::batch<float, A>(_mm_shuffle_ps(x, x, _MM_SHUFFLE(2, 3, 0, 1)));
 }
 
 }  // namespace kernel

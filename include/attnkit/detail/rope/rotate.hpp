@@ -1,0 +1,118 @@
+// The two pieces of model::rope: the cos / sin table of a set of positions, and the rotation of
+// one head's rotary part by one table row, vectorised over the pairs.
+//
+// Table rows are float, laid out for the form's vector loop so that neither form shuffles a
+// table: rotate-half reads cos[c], sin[c] next to x[c] and x[c + R/2] (row = cos[R/2], sin[R/2]);
+// interleaved reads them next to x[i] (row = C[R], S[R] with C[2c] = C[2c+1] = cos_c,
+// S[2c] = -sin_c, S[2c+1] = sin_c) and needs only the pair swap of x:
+//
+//   rotate-half   y[c]         = fma(x[c], cos_c, -(x[c + R/2] sin_c))
+//                 y[c + R/2]   = fma(x[c + R/2], cos_c, x[c] sin_c)
+//   interleaved   y[i]         = fma(x[i], C[i], x[i ^ 1] S[i])
+//
+// so that both forms compute each output with the same two roundings (one product, one fma):
+// the interleaved result of x is exactly the rotate-half result of x with its pairs regrouped.
+// An entry is a function of (position, c) alone, computed in double (cos and sin of p f_c, times
+// the attention factor, rounded once), so any grouping of positions into calls, threads or
+// tables gives the same bits.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "attnkit/config.hpp"
+#include "attnkit/simd/convert.hpp"
+#include "attnkit/thread_pool.hpp"
+
+namespace attnkit {
+namespace detail {
+namespace rope {
+
+// Floats per table row: R (rotate-half) or 2R (interleaved).
+inline index_t table_row_floats(bool interleaved, index_t R) { return interleaved ? 2 * R : R; }
+
+// One row for position p (freq: R/2 frequencies, in double).
+inline void table_row(std::int64_t p, const std::vector<double>& freq, double attention, bool interleaved,
+                      float* row) {
+    const index_t half = static_cast<index_t>(freq.size());
+    const double pd = static_cast<double>(p);
+    for (index_t c = 0; c < half; ++c) {
+        const double a = pd * freq[static_cast<std::size_t>(c)];
+        const float cs = static_cast<float>(std::cos(a) * attention);
+        const float sn = static_cast<float>(std::sin(a) * attention);
+        if (interleaved) {
+            row[2 * c] = row[2 * c + 1] = cs;
+            row[2 * half + 2 * c] = -sn;
+            row[2 * half + 2 * c + 1] = sn;
+        } else {
+            row[c] = cs;
+            row[half + c] = sn;
+        }
+    }
+}
+
+// Rows for positions[0, n), row k at table + k * table_row_floats, on the pool (rows are
+// independent: any split gives the same table).
+inline void build_table(const std::int64_t* positions, index_t n, const std::vector<double>& freq, double attention,
+                        bool interleaved, float* table, thread_pool* pool) {
+    const index_t stride = table_row_floats(interleaved, 2 * static_cast<index_t>(freq.size()));
+    // About 4K cos / sin pairs per chunk: enough to amortise a task, small enough to share.
+    const index_t grain = std::max<index_t>(1, 4096 / std::max<index_t>(1, static_cast<index_t>(freq.size())));
+    parallel_for(pool, 0, n, grain, [&](std::int64_t k0, std::int64_t k1) {
+        for (std::int64_t k = k0; k < k1; ++k) table_row(positions[k], freq, attention, interleaved, table + k * stride);
+    });
+}
+
+// Rotate-half on x[0, R) of one head: W pairs per step, the remainder one at a time through the
+// scalar path of the same code.
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE void rotate_half_step(T* x1p, T* x2p, const float* cs, const float* sn) noexcept {
+    using V = simd::vfloat<A>;
+    const V x1 = simd::load_float<A>(x1p), x2 = simd::load_float<A>(x2p);
+    const V c = simd::loadu<A>(cs), s = simd::loadu<A>(sn);
+    const V y1 = simd::fma(x1, c, V(0.0f) - x2 * s);
+    const V y2 = simd::fma(x2, c, x1 * s);
+    simd::store_float<A>(x1p, y1);
+    simd::store_float<A>(x2p, y2);
+}
+
+template <class A, class T>
+inline void rotate_half_head(T* x, const float* row, index_t R) noexcept {
+    constexpr index_t W = simd::kLanes<A>;
+    const index_t half = R / 2;
+    const float* cs = row;
+    const float* sn = row + half;
+    index_t c = 0;
+    for (; c + W <= half; c += W) rotate_half_step<A>(x + c, x + half + c, cs + c, sn + c);
+    for (; c < half; ++c) rotate_half_step<simd::scalar_arch>(x + c, x + half + c, cs + c, sn + c);
+}
+
+// One pair (i, i + 1) of the interleaved form, in scalars.
+template <class T>
+ATTNKIT_ALWAYS_INLINE void interleaved_pair(T* x, const float* C, const float* S) noexcept {
+    using V = simd::scalar_float;
+    const V x0 = simd::to_float(x[0]), x1 = simd::to_float(x[1]);
+    simd::store_float<simd::scalar_arch>(x, simd::fma(x0, V(C[0]), x1 * V(S[0])));
+    simd::store_float<simd::scalar_arch>(x + 1, simd::fma(x1, V(C[1]), x0 * V(S[1])));
+}
+
+template <class A, class T>
+inline void interleaved_head(T* x, const float* row, index_t R) noexcept {
+    constexpr index_t W = simd::kLanes<A>;
+    const float* C = row;
+    const float* S = row + R;
+    index_t i = 0;
+    if constexpr (W >= 2) {
+        using V = simd::vfloat<A>;
+        for (; i + W <= R; i += W) {
+            const V v = simd::load_float<A>(x + i);
+            simd::store_float<A>(x + i, simd::fma(v, simd::loadu<A>(C + i), simd::swap_pairs(v) * simd::loadu<A>(S + i)));
+        }
+    }
+    for (; i < R; i += 2) interleaved_pair(x + i, C + i, S + i);  // W and R are even: pairs never split
+}
+
+}  // namespace rope
+}  // namespace detail
+}  // namespace attnkit
