@@ -64,8 +64,9 @@ inline void build_table(const std::int64_t* positions, index_t n, const std::vec
     });
 }
 
-// Rotate-half on x[0, R) of one head: W pairs per step, the remainder one at a time through the
-// scalar path of the same code.
+// Rotate-half on x[0, R) of one head: W pairs per step; the last R/2 mod W pairs through the same
+// vector code on a padded copy, so that every element gets the same arithmetic wherever it falls
+// (the vector fma is two roundings on targets without FMA, std::fma would be one).
 template <class A, class T>
 ATTNKIT_ALWAYS_INLINE void rotate_half_step(T* x1p, T* x2p, const float* cs, const float* sn) noexcept {
     using V = simd::vfloat<A>;
@@ -85,32 +86,52 @@ inline void rotate_half_head(T* x, const float* row, index_t R) noexcept {
     const float* sn = row + half;
     index_t c = 0;
     for (; c + W <= half; c += W) rotate_half_step<A>(x + c, x + half + c, cs + c, sn + c);
-    for (; c < half; ++c) rotate_half_step<simd::scalar_arch>(x + c, x + half + c, cs + c, sn + c);
+    if (c < half) {
+        const index_t n = half - c;
+        T b1[W], b2[W];
+        float bc[W] = {}, bs[W] = {};
+        for (index_t i = 0; i < W; ++i) b1[i] = b2[i] = T(0.0f);
+        for (index_t i = 0; i < n; ++i) b1[i] = x[c + i], b2[i] = x[half + c + i], bc[i] = cs[c + i], bs[i] = sn[c + i];
+        rotate_half_step<A>(b1, b2, bc, bs);
+        for (index_t i = 0; i < n; ++i) x[c + i] = b1[i], x[half + c + i] = b2[i];
+    }
 }
 
-// One pair (i, i + 1) of the interleaved form, in scalars.
-template <class T>
-ATTNKIT_ALWAYS_INLINE void interleaved_pair(T* x, const float* C, const float* S) noexcept {
-    using V = simd::scalar_float;
-    const V x0 = simd::to_float(x[0]), x1 = simd::to_float(x[1]);
-    simd::store_float<simd::scalar_arch>(x, simd::fma(x0, V(C[0]), x1 * V(S[0])));
-    simd::store_float<simd::scalar_arch>(x + 1, simd::fma(x1, V(C[1]), x0 * V(S[1])));
+template <class A, class T>
+ATTNKIT_ALWAYS_INLINE void interleaved_step(T* x, const float* C, const float* S) noexcept {
+    using V = simd::vfloat<A>;
+    const V v = simd::load_float<A>(x);
+    simd::store_float<A>(x, simd::fma(v, simd::loadu<A>(C), simd::swap_pairs(v) * simd::loadu<A>(S)));
 }
 
+// Interleaved on x[0, R): W elements (W/2 pairs) per step, the last R mod W (even: pairs never
+// split) on a padded copy as above. One lane (simd::scalar_arch) has no pair to swap: pairs of
+// scalars, with the same fma.
 template <class A, class T>
 inline void interleaved_head(T* x, const float* row, index_t R) noexcept {
     constexpr index_t W = simd::kLanes<A>;
     const float* C = row;
     const float* S = row + R;
-    index_t i = 0;
     if constexpr (W >= 2) {
-        using V = simd::vfloat<A>;
-        for (; i + W <= R; i += W) {
-            const V v = simd::load_float<A>(x + i);
-            simd::store_float<A>(x + i, simd::fma(v, simd::loadu<A>(C + i), simd::swap_pairs(v) * simd::loadu<A>(S + i)));
+        index_t i = 0;
+        for (; i + W <= R; i += W) interleaved_step<A>(x + i, C + i, S + i);
+        if (i < R) {
+            const index_t n = R - i;
+            T b[W];
+            float bc[W] = {}, bs[W] = {};
+            for (index_t k = 0; k < W; ++k) b[k] = T(0.0f);
+            for (index_t k = 0; k < n; ++k) b[k] = x[i + k], bc[k] = C[i + k], bs[k] = S[i + k];
+            interleaved_step<A>(b, bc, bs);
+            for (index_t k = 0; k < n; ++k) x[i + k] = b[k];
+        }
+    } else {
+        using V = simd::scalar_float;
+        for (index_t i = 0; i < R; i += 2) {
+            const V x0 = simd::to_float(x[i]), x1 = simd::to_float(x[i + 1]);
+            simd::store_float<A>(x + i, simd::fma(x0, V(C[i]), x1 * V(S[i])));
+            simd::store_float<A>(x + i + 1, simd::fma(x1, V(C[i + 1]), x0 * V(S[i + 1])));
         }
     }
-    for (; i < R; i += 2) interleaved_pair(x + i, C + i, S + i);  // W and R are even: pairs never split
 }
 
 }  // namespace rope
