@@ -181,6 +181,34 @@ TEST(Rope, ScalingFrequenciesHaveTheirPublishedShape) {
     EXPECT_EQ(attnkit::reference::model::rope_attention_factor(y.scaling), 0.5);
 }
 
+// The angles' sine and cosine (simd::sincos, double) against the C library: every quadrant,
+// the reduction's range edge (1.6e6) and beyond, negative and odd counts (the padded tail).
+TEST(Rope, DoubleSinCosMatchesTheCLibrary) {
+    std::vector<double> x;
+    for (int k = -40; k <= 40; ++k) x.push_back(k * 0.7853981633974483);  // multiples of pi/4
+    std::uint64_t s = 12345;
+    for (int i = 0; i < 4000; ++i) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const double u = static_cast<double>(s >> 11) * 0x1.0p-53;
+        x.push_back(i % 4 == 0 ? u * 3.2 : (i % 4 == 1 ? u * 1.7e6 : (i % 4 == 2 ? -u * 2e4 : u * 1e9)));
+    }
+    x.push_back(1.6e6);
+    x.push_back(1.6e6 + 1.0);
+    x.push_back(131071.0 * 1.0);
+    x.push_back(std::numeric_limits<double>::infinity());
+    x.push_back(1.0);  // odd count: a padded last vector
+    std::vector<double> sn(x.size()), cs(x.size());
+    attnkit::simd::sincos<attnkit::simd::default_arch>(x.data(), sn.data(), cs.data(), static_cast<index_t>(x.size()));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        if (!std::isfinite(x[i])) {
+            EXPECT_TRUE(std::isnan(sn[i]) && std::isnan(cs[i])) << x[i];
+            continue;
+        }
+        ASSERT_NEAR(sn[i], std::sin(x[i]), 1e-15) << "sin " << x[i];
+        ASSERT_NEAR(cs[i], std::cos(x[i]), 1e-15) << "cos " << x[i];
+    }
+}
+
 // ---- against Hugging Face's convention (golden values from Python) -------------------------
 
 rope_options golden_options(const rope_golden::golden_case& g) {
@@ -484,6 +512,60 @@ TEST(Rope, ThreadCountsGiveTheSameBits) {
             EXPECT_TRUE(bitwise_equal(results[0], results[1]));
             EXPECT_TRUE(bitwise_equal(results[0], results[2]));
         }
+}
+
+// A cache of tables gives the same bits as computing them; a table is reused only for the same
+// options and positions (a different theta, scaling, style, rotary dim or position misses).
+TEST(Rope, CacheGivesTheSameBitsAndKeysOnEverything) {
+    const index_t B = 4, H = 2, D = 64;
+    attnkit::model::rope_cache cache(3);
+    positions2 pos(B, 1);
+    pos.setValues({{7}, {4000}, {7}, {131000}});
+    const tensor4<float> x0 = random_bshd(B, 1, H, D, distribution::gaussian, 41);
+    std::vector<rope_options> variants;
+    variants.push_back(with_scaling(rope_scaling_type::yarn));
+    variants.push_back(variants.back());
+    variants.back().theta = 2e6f;
+    variants.push_back(variants.back());
+    variants.back().style = rope_style::interleaved;
+    variants.push_back(variants.back());
+    variants.back().rotary_dim = 32;
+    variants.push_back(variants.back());
+    variants.back().scaling.beta_fast = 16.0;
+    variants.push_back(with_scaling(rope_scaling_type::llama3));
+    for (int round = 0; round < 2; ++round)
+        for (std::size_t v = 0; v < variants.size(); ++v) {
+            rope_options plain = variants[v], cached = variants[v];
+            cached.cache = &cache;
+            tensor4<float> a = x0, b = x0, c = x0;
+            attnkit::model::rope(a, pos, plain);
+            attnkit::model::rope(b, pos, cached);
+            attnkit::model::rope(c, pos, cached);  // a hit
+            EXPECT_TRUE(bitwise_equal(a, b)) << v;
+            EXPECT_TRUE(bitwise_equal(a, c)) << v;
+        }
+    // Each variant missed once per round (3 tables kept, 6 variants: every round evicts all),
+    // then hit once.
+    EXPECT_EQ(cache.misses(), 2 * variants.size());
+    EXPECT_EQ(cache.hits(), 2 * variants.size());
+    // Another position is another table; the offset form shares the cache.
+    rope_options o = variants[0];
+    o.cache = &cache;
+    positions2 moved = pos;
+    moved(3, 0) = 131001;
+    tensor4<float> a = x0, b = x0;
+    attnkit::model::rope(a, moved, o);
+    attnkit::model::rope(b, moved, variants[0]);
+    EXPECT_TRUE(bitwise_equal(a, b));
+    tensor4<float> p = random_bshd(1, 50, H, D, distribution::gaussian, 3), q = p;
+    o.position_offset = 9;
+    attnkit::model::rope(p, o);
+    attnkit::model::rope(p, o);
+    rope_options oq = variants[0];
+    oq.position_offset = 9;
+    attnkit::model::rope(q, oq);
+    attnkit::model::rope(q, oq);
+    EXPECT_TRUE(bitwise_equal(p, q));
 }
 
 // q and k as views into a fused [B, L, H + 2 Hk, D] buffer: each rotates its own slots, v stays.

@@ -35,6 +35,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -53,23 +55,143 @@ namespace model {
 
 namespace detail {
 
+// What a table depends on: the options that shape the angles, the rotary dim, the positions.
+struct rope_table_key {
+    float theta = 0;
+    rope_style style = rope_style::rotate_half;
+    index_t R = 0;
+    rope_scaling scaling{};
+
+    bool same_frequencies(const rope_table_key& o) const {
+        const rope_scaling &a = scaling, &b = o.scaling;
+        return theta == o.theta && R == o.R && a.type == b.type && a.factor == b.factor &&
+               a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
+               a.original_max_position_embeddings == b.original_max_position_embeddings &&
+               a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow && a.truncate == b.truncate &&
+               a.attention_factor == b.attention_factor && a.mscale == b.mscale && a.mscale_all_dim == b.mscale_all_dim;
+    }
+};
+
+struct rope_cache_access;
+
+}  // namespace detail
+
+// cos / sin tables kept between calls, for rope_options::cache. The layers of a model rotate q
+// and k of a step at the same positions with the same options (2 x n_layers calls per step);
+// with a cache the first call computes the angles and the others reuse its table, and a decode
+// step reuses the frequencies of the previous one. Entries are keyed by everything a table
+// depends on (theta, style, rotary dim, scaling, the call's distinct positions), so a hit gives
+// exactly the table the call would compute: the same bits with or without a cache. Holds the
+// most recent `max_tables` tables up to `max_floats` floats in all (a larger table is used once
+// and not kept). Thread-safe (a mutex around lookups; tables are built outside it and shared).
+class rope_cache {
+   public:
+    explicit rope_cache(std::size_t max_tables = 8, std::size_t max_floats = std::size_t(1) << 22)
+        : max_tables_(max_tables), max_floats_(max_floats) {}
+    rope_cache(const rope_cache&) = delete;
+    rope_cache& operator=(const rope_cache&) = delete;
+
+    void clear() {
+        std::lock_guard<std::mutex> lk(mu_);
+        entries_.clear();
+    }
+    // Calls whose table came from the cache / was computed.
+    std::size_t hits() const {
+        std::lock_guard<std::mutex> lk(mu_);
+        return hits_;
+    }
+    std::size_t misses() const {
+        std::lock_guard<std::mutex> lk(mu_);
+        return misses_;
+    }
+
+   private:
+    friend struct detail::rope_cache_access;
+    struct entry {
+        detail::rope_table_key key;
+        std::vector<std::int64_t> positions;
+        std::shared_ptr<const std::vector<double>> freq;
+        std::shared_ptr<const std::vector<float>> table;
+    };
+    mutable std::mutex mu_;
+    std::vector<entry> entries_;  // most recent first
+    std::size_t max_tables_, max_floats_;
+    std::size_t hits_ = 0, misses_ = 0;
+};
+
+namespace detail {
+
+struct rope_cache_access {
+    // The table for (key, positions), or null; freq is set when a table of the same
+    // frequencies is held.
+    static std::shared_ptr<const std::vector<float>> find(rope_cache& c, const rope_table_key& key,
+                                                          const std::vector<std::int64_t>& positions,
+                                                          std::shared_ptr<const std::vector<double>>& freq) {
+        std::lock_guard<std::mutex> lk(c.mu_);
+        for (std::size_t i = 0; i < c.entries_.size(); ++i) {
+            rope_cache::entry& e = c.entries_[i];
+            if (!e.key.same_frequencies(key)) continue;
+            if (!freq) freq = e.freq;
+            if (e.key.style == key.style && e.positions == positions) {
+                std::rotate(c.entries_.begin(), c.entries_.begin() + static_cast<std::ptrdiff_t>(i),
+                            c.entries_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+                ++c.hits_;
+                return c.entries_.front().table;
+            }
+        }
+        ++c.misses_;
+        return nullptr;
+    }
+    static void insert(rope_cache& c, const rope_table_key& key, const std::vector<std::int64_t>& positions,
+                       std::shared_ptr<const std::vector<double>> freq, std::shared_ptr<const std::vector<float>> table) {
+        std::lock_guard<std::mutex> lk(c.mu_);
+        if (c.max_tables_ == 0 || table->size() > c.max_floats_) return;
+        c.entries_.insert(c.entries_.begin(), rope_cache::entry{key, positions, std::move(freq), std::move(table)});
+        std::size_t floats = 0, keep = 0;
+        while (keep < c.entries_.size() && keep < c.max_tables_ &&
+               floats + c.entries_[keep].table->size() <= c.max_floats_)
+            floats += c.entries_[keep++].table->size();
+        c.entries_.resize(keep);
+    }
+};
+
+// Below this many elements (or angles) a call runs on the calling thread: a task of the pool
+// costs microseconds, as much as rotating a decode step's K.
+constexpr index_t kRopeSerialElements = index_t(1) << 16;
+constexpr index_t kRopeSerialAngles = index_t(1) << 13;
+
 // x's rows at the positions of table rows: row (b, l) uses table row row_of(b, l).
 template <class T, class RowOf>
 void rope_apply(const view<T, 4>& x, index_t R, const rope_options& o, const std::vector<std::int64_t>& distinct,
                 RowOf&& row_of) {
     namespace rp = attnkit::detail::rope;
+    using A = simd::default_arch;
     const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2];
     const bool interleaved = o.style == rope_style::interleaved;
-    const std::vector<double> freq = rp::frequencies(o, R);
-    const double attention = rp::attention_factor(o.scaling);
+    const index_t n = static_cast<index_t>(distinct.size());
     const index_t stride = rp::table_row_floats(interleaved, R);
-    std::vector<float> table(static_cast<std::size_t>(static_cast<index_t>(distinct.size()) * stride));
-    rp::build_table(distinct.data(), static_cast<index_t>(distinct.size()), freq, attention, interleaved, table.data(),
-                    o.pool);
-    using A = simd::default_arch;
-    parallel_for(o.pool, B * L, [&](index_t bl) {
+
+    rope_table_key key;
+    key.theta = o.theta;
+    key.style = o.style;
+    key.R = R;
+    key.scaling = o.scaling;
+    std::shared_ptr<const std::vector<double>> freq;
+    std::shared_ptr<const std::vector<float>> table;
+    if (o.cache) table = rope_cache_access::find(*o.cache, key, distinct, freq);
+    if (!table) {
+        if (!freq) freq = std::make_shared<const std::vector<double>>(rp::frequencies(o, R));
+        auto t = std::make_shared<std::vector<float>>(static_cast<std::size_t>(n * stride));
+        rp::build_table<A>(distinct.data(), n, *freq, rp::attention_factor(o.scaling), interleaved, t->data(),
+                           n * (R / 2) >= kRopeSerialAngles ? o.pool : nullptr);
+        table = std::move(t);
+        if (o.cache) rope_cache_access::insert(*o.cache, key, distinct, freq, table);
+    }
+    const float* tab = table->data();
+    thread_pool* pool = B * L * H * R >= kRopeSerialElements ? o.pool : nullptr;
+    parallel_for(pool, B * L, [&](index_t bl) {
         const index_t b = bl / L, l = bl % L;
-        const float* row = table.data() + row_of(b, l) * stride;
+        const float* row = tab + row_of(b, l) * stride;
         for (index_t h = 0; h < H; ++h) {
             if (interleaved)
                 rp::interleaved_head<A>(x.ptr(b, l, h), row, R);

@@ -61,6 +61,8 @@ struct rope_scaling {
     double mscale_all_dim = 0.0;
 };
 
+class rope_cache;  // model/rope.hpp
+
 struct rope_options {
     float theta = 10000.0f;            // base of the frequencies, finite and > 1
     std::int64_t position_offset = 0;  // position of row 0, >= 0 (the form without a positions tensor)
@@ -72,6 +74,9 @@ struct rope_options {
     index_t rotary_dim = 0;
     double partial_rotary_factor = 1.0;  // in (0, 1]
     rope_scaling scaling{};
+    // Optional: a cache of cos / sin tables kept between calls (model/rope.hpp). nullptr: every
+    // call computes its own. Either way the results are the same bits.
+    rope_cache* cache = nullptr;
 };
 
 namespace detail {

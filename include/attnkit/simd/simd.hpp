@@ -186,6 +186,20 @@ ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> tanh(const xsimd::batch<float, A>& 
     return kernel::tanh(x, A{});
 }
 
+// ---- double-precision sine and cosine ----
+
+// s[i] = sin(x[i]), c[i] = cos(x[i]) for i < n, in double (angles such as RoPE's p * f, up to
+// ~1e6 radians, whose phase float arguments would lose), to about an ulp of double: Cody-Waite
+// reduction and fdlibm's polynomials on vectors of doubles (arch/generic.hpp) up to |x| = 1.6e6,
+// std::sin / std::cos beyond and on the scalar path. The reduction is chosen per vector, so the
+// bits of one result may depend on the other angles of its vector: groups are the W consecutive
+// elements from x[0] (the last one padded with zeros), and a caller that wants the same bits
+// for the same angle calls with the same groups.
+template <class A>
+inline void sincos(const double* x, double* s, double* c, index_t n) noexcept {
+    kernel::sincos<A>(x, s, c, n, A{});
+}
+
 // ---- streaming kernels (self-gating attention: memory-bound) ----
 
 // <a, b> over n floats: four independent accumulators (a dot of D = 128 at 8 lanes is 16 vector

@@ -12,11 +12,12 @@
 //
 // so that both forms compute each output with the same two roundings (one product, one fma):
 // the interleaved result of x is exactly the rotate-half result of x with its pairs regrouped.
-// An entry is a function of (position, c) alone, computed in double (cos and sin of p f_c, times
-// the attention factor, rounded once), so any grouping of positions into calls, threads or
-// tables gives the same bits.
+// An entry is a function of (position, c) and the options alone, computed in double (cos and
+// sin of p f_c by simd::sincos over the row's R/2 angles, times the attention factor, rounded
+// once), so any grouping of positions into calls, threads or tables gives the same bits.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -32,35 +33,43 @@ namespace rope {
 // Floats per table row: R (rotate-half) or 2R (interleaved).
 inline index_t table_row_floats(bool interleaved, index_t R) { return interleaved ? 2 * R : R; }
 
-// One row for position p (freq: R/2 frequencies, in double).
-inline void table_row(std::int64_t p, const std::vector<double>& freq, double attention, bool interleaved,
-                      float* row) {
+// One row for position p (freq: R/2 frequencies, in double; a, sn, cs: R/2 doubles of scratch).
+// The angles of one row go to simd::sincos together, grouped from c = 0 whatever the call.
+template <class A>
+inline void table_row(std::int64_t p, const std::vector<double>& freq, double attention, bool interleaved, float* row,
+                      double* a, double* sn, double* cs) {
     const index_t half = static_cast<index_t>(freq.size());
     const double pd = static_cast<double>(p);
+    for (index_t c = 0; c < half; ++c) a[c] = pd * freq[static_cast<std::size_t>(c)];
+    simd::sincos<A>(a, sn, cs, half);
     for (index_t c = 0; c < half; ++c) {
-        const double a = pd * freq[static_cast<std::size_t>(c)];
-        const float cs = static_cast<float>(std::cos(a) * attention);
-        const float sn = static_cast<float>(std::sin(a) * attention);
+        const float co = static_cast<float>(cs[c] * attention);
+        const float si = static_cast<float>(sn[c] * attention);
         if (interleaved) {
-            row[2 * c] = row[2 * c + 1] = cs;
-            row[2 * half + 2 * c] = -sn;
-            row[2 * half + 2 * c + 1] = sn;
+            row[2 * c] = row[2 * c + 1] = co;
+            row[2 * half + 2 * c] = -si;
+            row[2 * half + 2 * c + 1] = si;
         } else {
-            row[c] = cs;
-            row[half + c] = sn;
+            row[c] = co;
+            row[half + c] = si;
         }
     }
 }
 
 // Rows for positions[0, n), row k at table + k * table_row_floats, on the pool (rows are
 // independent: any split gives the same table).
+template <class A>
 inline void build_table(const std::int64_t* positions, index_t n, const std::vector<double>& freq, double attention,
                         bool interleaved, float* table, thread_pool* pool) {
-    const index_t stride = table_row_floats(interleaved, 2 * static_cast<index_t>(freq.size()));
-    // About 4K cos / sin pairs per chunk: enough to amortise a task, small enough to share.
-    const index_t grain = std::max<index_t>(1, 4096 / std::max<index_t>(1, static_cast<index_t>(freq.size())));
+    const index_t half = static_cast<index_t>(freq.size());
+    const index_t stride = table_row_floats(interleaved, 2 * half);
+    // About 4K angles per chunk: enough to amortise a task, small enough to share.
+    const index_t grain = std::max<index_t>(1, 4096 / std::max<index_t>(1, half));
     parallel_for(pool, 0, n, grain, [&](std::int64_t k0, std::int64_t k1) {
-        for (std::int64_t k = k0; k < k1; ++k) table_row(positions[k], freq, attention, interleaved, table + k * stride);
+        std::vector<double> scratch(static_cast<std::size_t>(3 * half));
+        for (std::int64_t k = k0; k < k1; ++k)
+            table_row<A>(positions[k], freq, attention, interleaved, table + k * stride, scratch.data(),
+                         scratch.data() + half, scratch.data() + 2 * half);
     });
 }
 

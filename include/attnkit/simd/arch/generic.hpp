@@ -17,6 +17,7 @@
 // (the exp polynomial's fma, for one) sees their overloads.
 #pragma once
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -153,6 +154,70 @@ inline xsimd::batch<float, A> exp(const xsimd::batch<float, A>& x, requires_arch
 template <class A>
 inline xsimd::batch<float, A> tanh(const xsimd::batch<float, A>& x, requires_arch<generic>) noexcept {
     return xsimd::tanh(x);
+}
+
+// ---- double-precision sine and cosine ----
+
+// x = n pi/2 + r, |r| <= pi/4, by Cody-Waite in three parts of pi/2 (fdlibm's pio2_1, pio2_2,
+// pio2_2t: 33, 33 and 53 bits, so n * part is exact for |n| < 2^20, i.e. |x| < 1.6e6, with or
+// without FMA), then fdlibm's degree-13 / degree-14 kernels for sin r and cos r in double (below
+// an ulp of double on |r| <= pi/4) and the quadrant n mod 4. xsimd's own sincos gives the same
+// accuracy at about twice the cost at these arguments (its reduction for |x| > 20 pi carries the
+// tail terms that only much larger arguments need). A vector with a lane beyond 1.6e6 or not
+// finite takes std::sin / std::cos for every lane.
+constexpr double kSincosMax = 1.6e6;
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE void sincos_vector(const xsimd::batch<double, A>& x, xsimd::batch<double, A>& s,
+                                         xsimd::batch<double, A>& c) noexcept {
+    using D = xsimd::batch<double, A>;
+    const D n = xsimd::nearbyint(x * D(0.63661977236758134308));  // 2 / pi
+    D r = xsimd::fnma(n, D(1.57079632673412561417e+00), x);
+    r = xsimd::fnma(n, D(6.07710050630396597660e-11), r);
+    r = xsimd::fnma(n, D(2.02226624879595063154e-21), r);
+    const D z = r * r;
+    const D ps = D(8.33333333332248946124e-03) +
+                 z * (D(-1.98412698298579493134e-04) +
+                      z * (D(2.75573137070700676789e-06) +
+                           z * (D(-2.50507602534068634195e-08) + z * D(1.58969099521155010221e-10))));
+    const D sr = r + r * z * (D(-1.66666666666666324348e-01) + z * ps);
+    const D pc = D(-1.38888888888741095749e-03) +
+                 z * (D(2.48015872894767294178e-05) +
+                      z * (D(-2.75573143513906633035e-07) +
+                           z * (D(2.08757232129817482790e-09) + z * D(-1.13596475577881948265e-11))));
+    const D cr = D(1.0) - D(0.5) * z + z * z * (D(4.16666666666666019037e-02) + z * pc);
+    // q = n mod 4 in {0, 1, 2, 3}: (sin, cos) = (s, c), (c, -s), (-s, -c), (-c, s).
+    const D q = n - D(4.0) * xsimd::floor(n * D(0.25));
+    const auto odd = (q == D(1.0)) || (q == D(3.0));
+    const D sv = xsimd::select(odd, cr, sr), cv = xsimd::select(odd, sr, cr);
+    s = xsimd::select(q >= D(2.0), -sv, sv);
+    c = xsimd::select((q == D(1.0)) || (q == D(2.0)), -cv, cv);
+}
+
+template <class A>
+inline void sincos(const double* x, double* s, double* c, index_t n, requires_arch<generic>) noexcept {
+    using D = xsimd::batch<double, A>;
+    constexpr index_t W = static_cast<index_t>(D::size);
+    const auto one = [&](const double* xp, double* sp, double* cp) {
+        const D v = D::load_unaligned(xp);
+        // !(|v| <= max) also catches NaN.
+        if (xsimd::any(!(xsimd::abs(v) <= D(kSincosMax)))) {
+            for (index_t k = 0; k < W; ++k) sp[k] = std::sin(xp[k]), cp[k] = std::cos(xp[k]);
+            return;
+        }
+        D sv, cv;
+        sincos_vector(v, sv, cv);
+        sv.store_unaligned(sp);
+        cv.store_unaligned(cp);
+    };
+    index_t i = 0;
+    for (; i + W <= n; i += W) one(x + i, s + i, c + i);
+    if (i < n) {
+        alignas(64) double a[W] = {}, bs[W], bc[W];
+        for (index_t k = 0; k < n - i; ++k) a[k] = x[i + k];
+        one(a, bs, bc);
+        for (index_t k = 0; k < n - i; ++k) s[i + k] = bs[k], c[i + k] = bc[k];
+    }
 }
 
 // ---- streaming stores ----

@@ -82,6 +82,11 @@ inline S exp(S x, requires_arch<scalar_arch>) noexcept {
 }
 inline S tanh(S x, requires_arch<scalar_arch>) noexcept { return std::tanh(x.v); }
 
+template <class A>
+inline void sincos(const double* x, double* s, double* c, index_t n, requires_arch<scalar_arch>) noexcept {
+    for (index_t i = 0; i < n; ++i) s[i] = std::sin(x[i]), c[i] = std::cos(x[i]);
+}
+
 // No non-temporal store for one float: a plain store (nothing for store_fence to order).
 ATTNKIT_ALWAYS_INLINE void stream_store(float* p, S v, requires_arch<scalar_arch>) noexcept { *p = v.v; }
 inline void store_fence(requires_arch<scalar_arch>) noexcept {}
