@@ -155,6 +155,19 @@ struct rope_cache_access {
     }
 };
 
+// The frequencies of the last options this thread used (a decode loop calls with the same
+// options every time): R/2 pow calls and the scaling's blend are a microsecond, a tenth of a
+// decode step's K. A memo of a pure function of the key: the same values either way.
+inline std::shared_ptr<const std::vector<double>> frequencies_of(const rope_table_key& key, const rope_options& o) {
+    thread_local rope_table_key last_key;
+    thread_local std::shared_ptr<const std::vector<double>> last;
+    if (!last || !last_key.same_frequencies(key)) {
+        last = std::make_shared<const std::vector<double>>(attnkit::detail::rope::frequencies(o, key.R));
+        last_key = key;
+    }
+    return last;
+}
+
 // Below this many elements (or angles) a call runs on the calling thread: a task of the pool
 // costs microseconds, as much as rotating a decode step's K.
 constexpr index_t kRopeSerialElements = index_t(1) << 16;
@@ -180,7 +193,7 @@ void rope_apply(const view<T, 4>& x, index_t R, const rope_options& o, const std
     std::shared_ptr<const std::vector<float>> table;
     if (o.cache) table = rope_cache_access::find(*o.cache, key, distinct, freq);
     if (!table) {
-        if (!freq) freq = std::make_shared<const std::vector<double>>(rp::frequencies(o, R));
+        if (!freq) freq = frequencies_of(key, o);
         auto t = std::make_shared<std::vector<float>>(static_cast<std::size_t>(n * stride));
         rp::build_table<A>(distinct.data(), n, *freq, rp::attention_factor(o.scaling), interleaved, t->data(),
                            n * (R / 2) >= kRopeSerialAngles ? o.pool : nullptr);
@@ -216,8 +229,8 @@ auto rope_x_view(X&& x_in) {
 template <class X>
 void rope(X&& x_in, const rope_options& o = {}) {
     const auto x = detail::rope_x_view(std::forward<X>(x_in));
-    const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2], D = x.dims[3];
-    const index_t R = detail::check_rope_options(o, D, shape_string(x));
+    const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2];
+    const index_t R = detail::check_rope_options(o, x);
     if (L > 0 && o.position_offset > std::numeric_limits<std::int64_t>::max() - L)
         attnkit::detail::fail("opts.position_offset: " + std::to_string(o.position_offset) + " + L = " +
                               std::to_string(L) + " overflows int64");
@@ -240,8 +253,8 @@ void rope(X&& x_in, const P& positions_in, const rope_options& o = {}) {
     using PT = typename decltype(pos)::value_type;
     static_assert(std::is_same<PT, std::int64_t>::value || std::is_same<PT, std::int32_t>::value,
                   "attnkit::model::rope: positions must be int64 or int32");
-    const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2], D = x.dims[3];
-    const index_t R = detail::check_rope_options(o, D, shape_string(x));
+    const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2];
+    const index_t R = detail::check_rope_options(o, x);
     if (o.position_offset != 0)
         attnkit::detail::fail("opts.position_offset: expected 0 with a positions tensor (positions give every row's "
                               "position), got " + std::to_string(o.position_offset));

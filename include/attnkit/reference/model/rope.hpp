@@ -81,7 +81,7 @@ void rope_at(const X& x_in, O&& out_in, const attnkit::model::rope_options& o, P
     if (out.dims != x.dims)
         attnkit::detail::fail("reference::model::rope: shapes x " + shape_string(x) + ", out " + shape_string(out));
     const index_t D = x.dims[3];
-    const index_t R = attnkit::model::detail::check_rope_options(o, D, shape_string(x));
+    const index_t R = attnkit::model::detail::check_rope_options(o, x);
     const bool interleaved = o.style == attnkit::model::rope_style::interleaved;
     const double mscale = rope_attention_factor(o.scaling);
     using T = std::remove_reference_t<decltype(out(0, 0, 0, 0))>;
