@@ -168,6 +168,15 @@ inline std::shared_ptr<const std::vector<double>> frequencies_of(const rope_tabl
     return last;
 }
 
+// Table rows start on a 64-byte line (rows are R or 2R floats, R even): a vector load of the
+// table never straddles two lines.
+constexpr index_t kRopeTableAlign = 16;
+template <class V>
+auto table_start(V& t) {
+    const std::uintptr_t p = reinterpret_cast<std::uintptr_t>(t.data());
+    return t.data() + ((64 - p % 64) % 64) / sizeof(float);
+}
+
 // Below this many elements (or angles) a call runs on the calling thread: a task of the pool
 // costs microseconds, as much as rotating a decode step's K.
 constexpr index_t kRopeSerialElements = index_t(1) << 16;
@@ -194,13 +203,13 @@ void rope_apply(const view<T, 4>& x, index_t R, const rope_options& o, const std
     if (o.cache) table = rope_cache_access::find(*o.cache, key, distinct, freq);
     if (!table) {
         if (!freq) freq = frequencies_of(key, o);
-        auto t = std::make_shared<std::vector<float>>(static_cast<std::size_t>(n * stride));
-        rp::build_table<A>(distinct.data(), n, *freq, rp::attention_factor(o.scaling), interleaved, t->data(),
+        auto t = std::make_shared<std::vector<float>>(static_cast<std::size_t>(n * stride + kRopeTableAlign));
+        rp::build_table<A>(distinct.data(), n, *freq, rp::attention_factor(o.scaling), interleaved, table_start(*t),
                            n * (R / 2) >= kRopeSerialAngles ? o.pool : nullptr);
         table = std::move(t);
         if (o.cache) rope_cache_access::insert(*o.cache, key, distinct, freq, table);
     }
-    const float* tab = table->data();
+    const float* tab = table_start(*table);
     thread_pool* pool = B * L * H * R >= kRopeSerialElements ? o.pool : nullptr;
     parallel_for(pool, B * L, [&](index_t bl) {
         const index_t b = bl / L, l = bl % L;
