@@ -186,17 +186,18 @@ ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> tanh(const xsimd::batch<float, A>& 
     return kernel::tanh(x, A{});
 }
 
-// ---- double-precision sine and cosine ----
+// ---- sine and cosine of double angles ----
 
-// s[i] = sin(x[i]), c[i] = cos(x[i]) for i < n, in double (angles such as RoPE's p * f, up to
-// ~1e6 radians, whose phase float arguments would lose), to about an ulp of double: Cody-Waite
-// reduction and fdlibm's polynomials on vectors of doubles (arch/generic.hpp) up to |x| = 1.6e6,
-// std::sin / std::cos beyond and on the scalar path. The reduction is chosen per vector, so the
-// bits of one result may depend on the other angles of its vector: groups are the W consecutive
-// elements from x[0] (the last one padded with zeros), and a caller that wants the same bits
-// for the same angle calls with the same groups.
+// s[i] = sin(x[i]), c[i] = cos(x[i]) for i < n, as floats, of angles given in double (such as
+// RoPE's p * f, up to ~1e6 radians, whose phase a float argument would lose): the reduction by
+// pi/2 is done in double (exact phase up to |x| = 1.6e6), the polynomial on the reduced angle
+// in float (arch/generic.hpp), within about 1.5 ulp of float of the true value; beyond 1.6e6,
+// and on the scalar path, std::sin / std::cos in double, rounded. The path is chosen per block
+// of W angles (W float lanes, from x[0]), so the bits of one result may depend on the other
+// angles of its block: a caller that wants the same bits for the same angle calls with the
+// same blocks.
 template <class A>
-inline void sincos(const double* x, double* s, double* c, index_t n) noexcept {
+inline void sincos(const double* x, float* s, float* c, index_t n) noexcept {
     kernel::sincos<A>(x, s, c, n, A{});
 }
 

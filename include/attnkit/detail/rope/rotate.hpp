@@ -12,9 +12,10 @@
 //
 // so that both forms compute each output with the same two roundings (one product, one fma):
 // the interleaved result of x is exactly the rotate-half result of x with its pairs regrouped.
-// An entry is a function of (position, c) and the options alone, computed in double (cos and
-// sin of p f_c by simd::sincos over the row's R/2 angles, times the attention factor, rounded
-// once), so any grouping of positions into calls, threads or tables gives the same bits.
+// An entry is a function of (position, c) and the options alone: the angle p f_c in double,
+// its cos and sin by simd::sincos over the row's R/2 angles (phase reduced in double, float
+// result), times the attention factor, so any grouping of positions into calls, threads or
+// tables gives the same bits.
 #pragma once
 
 #include <algorithm>
@@ -33,25 +34,26 @@ namespace rope {
 // Floats per table row: R (rotate-half) or 2R (interleaved).
 inline index_t table_row_floats(bool interleaved, index_t R) { return interleaved ? 2 * R : R; }
 
-// One row for position p (freq: R/2 frequencies, in double; a, sn, cs: R/2 doubles of scratch).
-// The angles of one row go to simd::sincos together, grouped from c = 0 whatever the call.
+// One row for position p (freq: R/2 frequencies, in double; a: R/2 doubles, sn, cs: R/2 floats
+// of scratch). The angles of one row go to simd::sincos together, in blocks from c = 0 whatever
+// the call.
 template <class A>
-inline void table_row(std::int64_t p, const std::vector<double>& freq, double attention, bool interleaved, float* row,
-                      double* a, double* sn, double* cs) {
+inline void table_row(std::int64_t p, const std::vector<double>& freq, float attention, bool interleaved, float* row,
+                      double* a, float* sn, float* cs) {
     const index_t half = static_cast<index_t>(freq.size());
     const double pd = static_cast<double>(p);
     for (index_t c = 0; c < half; ++c) a[c] = pd * freq[static_cast<std::size_t>(c)];
     simd::sincos<A>(a, sn, cs, half);
+    if (attention != 1.0f)
+        for (index_t c = 0; c < half; ++c) sn[c] *= attention, cs[c] *= attention;
     for (index_t c = 0; c < half; ++c) {
-        const float co = static_cast<float>(cs[c] * attention);
-        const float si = static_cast<float>(sn[c] * attention);
         if (interleaved) {
-            row[2 * c] = row[2 * c + 1] = co;
-            row[2 * half + 2 * c] = -si;
-            row[2 * half + 2 * c + 1] = si;
+            row[2 * c] = row[2 * c + 1] = cs[c];
+            row[2 * half + 2 * c] = -sn[c];
+            row[2 * half + 2 * c + 1] = sn[c];
         } else {
-            row[c] = co;
-            row[half + c] = si;
+            row[c] = cs[c];
+            row[half + c] = sn[c];
         }
     }
 }
@@ -66,10 +68,11 @@ inline void build_table(const std::int64_t* positions, index_t n, const std::vec
     // About 4K angles per chunk: enough to amortise a task, small enough to share.
     const index_t grain = std::max<index_t>(1, 4096 / std::max<index_t>(1, half));
     parallel_for(pool, 0, n, grain, [&](std::int64_t k0, std::int64_t k1) {
-        std::vector<double> scratch(static_cast<std::size_t>(3 * half));
+        std::vector<double> a(static_cast<std::size_t>(half));
+        std::vector<float> sc(static_cast<std::size_t>(2 * half));
         for (std::int64_t k = k0; k < k1; ++k)
-            table_row<A>(positions[k], freq, attention, interleaved, table + k * stride, scratch.data(),
-                         scratch.data() + half, scratch.data() + 2 * half);
+            table_row<A>(positions[k], freq, static_cast<float>(attention), interleaved, table + k * stride, a.data(),
+                         sc.data(), sc.data() + half);
     });
 }
 

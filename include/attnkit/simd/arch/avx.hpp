@@ -13,6 +13,7 @@
 //                               by integer round-to-nearest-even and one pack (Eigen's rule,
 //                               NaN to the quiet NaN of its sign), not an element loop.
 //   swap_pairs                  one vpermilps.
+//   narrow                      two double vectors to one float vector: two vcvtpd2ps, one insert.
 // avx does not derive from sse2 in xsimd 8 (it does in later releases), so store_fence is
 // repeated here rather than inherited.
 #pragma once
@@ -110,6 +111,13 @@ ATTNKIT_ALWAYS_INLINE void store_float(Eigen::half* p, const xsimd::batch<float,
     store_float(p, v, avx{});
 }
 #endif  // XSIMD_WITH_AVX2
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> narrow(const xsimd::batch<double, A>& lo, const xsimd::batch<double, A>& hi,
+                                                    requires_arch<avx>) noexcept {
+    return xsimd::batch<float, A>(
+        _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1));
+}
 
 }  // namespace kernel
 }  // namespace simd

@@ -18,6 +18,7 @@
 //   (16-bit)        round-to-nearest-even and one vpmovdw (Eigen's rule, NaN to the quiet NaN
 //                   of its sign: vcvtneps2bf16 would flush subnormals).
 //   swap_pairs      one vpermilps.
+//   narrow          two double vectors to one float vector: two vcvtpd2ps, two inserts.
 //
 // GCC 12 reports -Wmaybe-uninitialized in every caller of an AVX-512 intrinsic that passes an
 // undefined merge source (GCC bug 105593, a false positive), so where a plain intrinsic does
@@ -150,6 +151,14 @@ ATTNKIT_ALWAYS_INLINE void store_float(Eigen::bfloat16* p, const xsimd::batch<fl
     const __m512i quiet = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_maskz_cvtepi32_epi16(all, _mm512_mask_blend_epi32(nan, r, quiet)));
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> narrow(const xsimd::batch<double, A>& lo, const xsimd::batch<double, A>& hi,
+                                                    requires_arch<avx512f>) noexcept {
+    const __m512d both = _mm512_insertf64x4(_mm512_insertf64x4(_mm512_setzero_pd(), _mm256_castps_pd(_mm512_cvtpd_ps(lo)), 0),
+                                            _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1);
+    return xsimd::batch<float, A>(_mm512_castpd_ps(both));
 }
 
 }  // namespace kernel

@@ -156,66 +156,78 @@ inline xsimd::batch<float, A> tanh(const xsimd::batch<float, A>& x, requires_arc
     return xsimd::tanh(x);
 }
 
-// ---- double-precision sine and cosine ----
+// ---- sine and cosine of double angles ----
 
-// x = n pi/2 + r, |r| <= pi/4, by Cody-Waite in three parts of pi/2 (fdlibm's pio2_1, pio2_2,
-// pio2_2t: 33, 33 and 53 bits, so n * part is exact for |n| < 2^20, i.e. |x| < 1.6e6, with or
-// without FMA), then fdlibm's degree-13 / degree-14 kernels for sin r and cos r in double (below
-// an ulp of double on |r| <= pi/4) and the quadrant n mod 4. xsimd's own sincos gives the same
-// accuracy at about twice the cost at these arguments (its reduction for |x| > 20 pi carries the
-// tail terms that only much larger arguments need). A vector with a lane beyond 1.6e6 or not
-// finite takes std::sin / std::cos for every lane.
+// x = n pi/2 + r, |r| <= pi/4, in double by Cody-Waite in three parts of pi/2 (fdlibm's
+// pio2_1, pio2_2, pio2_2t: 33, 33 and 53 bits, so n * part is exact for |n| < 2^20, i.e.
+// |x| < 1.6e6, with or without FMA): the phase keeps double's precision at any such angle. r
+// then goes to float, where cephes' sinf / cosf polynomials on [-pi/4, pi/4] (about 1 ulp) run
+// on twice the lanes, and the quadrant n mod 4 picks and signs the result. A block with an
+// angle beyond 1.6e6 or not finite takes std::sin / std::cos in double for each of its angles.
 constexpr double kSincosMax = 1.6e6;
 
+// Two double vectors as one float vector of twice the lanes (lo's then hi's), through memory.
 template <class A>
-ATTNKIT_ALWAYS_INLINE void sincos_vector(const xsimd::batch<double, A>& x, xsimd::batch<double, A>& s,
-                                         xsimd::batch<double, A>& c) noexcept {
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> narrow(const xsimd::batch<double, A>& lo, const xsimd::batch<double, A>& hi,
+                                                    requires_arch<generic>) noexcept {
+    constexpr std::size_t WD = xsimd::batch<double, A>::size;
+    alignas(64) double d[2 * WD];
+    alignas(64) float f[2 * WD];
+    lo.store_aligned(d);
+    hi.store_aligned(d + WD);
+    for (std::size_t i = 0; i < 2 * WD; ++i) f[i] = static_cast<float>(d[i]);
+    return xsimd::batch<float, A>::load_aligned(f);
+}
+
+// sin and cos of the 2 WD angles at a (one float vector's worth).
+template <class A>
+ATTNKIT_ALWAYS_INLINE void sincos_block(const double* a, float* s, float* c) noexcept {
     using D = xsimd::batch<double, A>;
-    const D n = xsimd::nearbyint(x * D(0.63661977236758134308));  // 2 / pi
-    D r = xsimd::fnma(n, D(1.57079632673412561417e+00), x);
-    r = xsimd::fnma(n, D(6.07710050630396597660e-11), r);
-    r = xsimd::fnma(n, D(2.02226624879595063154e-21), r);
-    const D z = r * r;
-    const D ps = D(8.33333333332248946124e-03) +
-                 z * (D(-1.98412698298579493134e-04) +
-                      z * (D(2.75573137070700676789e-06) +
-                           z * (D(-2.50507602534068634195e-08) + z * D(1.58969099521155010221e-10))));
-    const D sr = r + r * z * (D(-1.66666666666666324348e-01) + z * ps);
-    const D pc = D(-1.38888888888741095749e-03) +
-                 z * (D(2.48015872894767294178e-05) +
-                      z * (D(-2.75573143513906633035e-07) +
-                           z * (D(2.08757232129817482790e-09) + z * D(-1.13596475577881948265e-11))));
-    const D cr = D(1.0) - D(0.5) * z + z * z * (D(4.16666666666666019037e-02) + z * pc);
-    // q = n mod 4 in {0, 1, 2, 3}: (sin, cos) = (s, c), (c, -s), (-s, -c), (-c, s).
-    const D q = n - D(4.0) * xsimd::floor(n * D(0.25));
-    const auto odd = (q == D(1.0)) || (q == D(3.0));
-    const D sv = xsimd::select(odd, cr, sr), cv = xsimd::select(odd, sr, cr);
-    s = xsimd::select(q >= D(2.0), -sv, sv);
-    c = xsimd::select((q == D(1.0)) || (q == D(2.0)), -cv, cv);
+    using F = xsimd::batch<float, A>;
+    constexpr index_t WD = static_cast<index_t>(D::size), WF = static_cast<index_t>(F::size);
+    static_assert(WF == 2 * WD, "sincos: a float vector holds two double vectors");
+    const D v0 = D::load_unaligned(a), v1 = D::load_unaligned(a + WD);
+    // !(|v| <= max) also catches NaN.
+    if (xsimd::any(!(xsimd::abs(v0) <= D(kSincosMax)) || !(xsimd::abs(v1) <= D(kSincosMax)))) {
+        for (index_t k = 0; k < WF; ++k) s[k] = static_cast<float>(std::sin(a[k])), c[k] = static_cast<float>(std::cos(a[k]));
+        return;
+    }
+    const auto reduce = [](const D& v, D& r, D& q) {
+        const D n = xsimd::nearbyint(v * D(0.63661977236758134308));  // 2 / pi
+        r = xsimd::fnma(n, D(1.57079632673412561417e+00), v);
+        r = xsimd::fnma(n, D(6.07710050630396597660e-11), r);
+        r = xsimd::fnma(n, D(2.02226624879595063154e-21), r);
+        q = xsimd::fnma(D(4.0), xsimd::floor(n * D(0.25)), n);  // n mod 4, exact
+    };
+    D r0, q0, r1, q1;
+    reduce(v0, r0, q0);
+    reduce(v1, r1, q1);
+    const F r = kernel::narrow<A>(r0, r1, A{}), q = kernel::narrow<A>(q0, q1, A{});
+    const F z = r * r;
+    const F sr = xsimd::fma(r * z,
+                            xsimd::fma(z, xsimd::fma(z, F(-1.9515295891e-4f), F(8.3321608736e-3f)), F(-1.6666654611e-1f)),
+                            r);
+    const F cr = xsimd::fma(z * z,
+                            xsimd::fma(z, xsimd::fma(z, F(2.443315711809948e-5f), F(-1.388731625493765e-3f)),
+                                       F(4.166664568298827e-2f)),
+                            xsimd::fma(F(-0.5f), z, F(1.0f)));
+    // q in {0, 1, 2, 3}: (sin, cos) = (s, c), (c, -s), (-s, -c), (-c, s).
+    const auto odd = (q == F(1.0f)) || (q == F(3.0f));
+    const F so = xsimd::select(odd, cr, sr), co = xsimd::select(odd, sr, cr);
+    xsimd::select(q >= F(2.0f), -so, so).store_unaligned(s);
+    xsimd::select((q == F(1.0f)) || (q == F(2.0f)), -co, co).store_unaligned(c);
 }
 
 template <class A>
-inline void sincos(const double* x, double* s, double* c, index_t n, requires_arch<generic>) noexcept {
-    using D = xsimd::batch<double, A>;
-    constexpr index_t W = static_cast<index_t>(D::size);
-    const auto one = [&](const double* xp, double* sp, double* cp) {
-        const D v = D::load_unaligned(xp);
-        // !(|v| <= max) also catches NaN.
-        if (xsimd::any(!(xsimd::abs(v) <= D(kSincosMax)))) {
-            for (index_t k = 0; k < W; ++k) sp[k] = std::sin(xp[k]), cp[k] = std::cos(xp[k]);
-            return;
-        }
-        D sv, cv;
-        sincos_vector(v, sv, cv);
-        sv.store_unaligned(sp);
-        cv.store_unaligned(cp);
-    };
+inline void sincos(const double* x, float* s, float* c, index_t n, requires_arch<generic>) noexcept {
+    constexpr index_t WF = static_cast<index_t>(xsimd::batch<float, A>::size);
     index_t i = 0;
-    for (; i + W <= n; i += W) one(x + i, s + i, c + i);
+    for (; i + WF <= n; i += WF) sincos_block<A>(x + i, s + i, c + i);
     if (i < n) {
-        alignas(64) double a[W] = {}, bs[W], bc[W];
+        alignas(64) double a[WF] = {};
+        alignas(64) float bs[WF], bc[WF];
         for (index_t k = 0; k < n - i; ++k) a[k] = x[i + k];
-        one(a, bs, bc);
+        sincos_block<A>(a, bs, bc);
         for (index_t k = 0; k < n - i; ++k) s[i + k] = bs[k], c[i + k] = bc[k];
     }
 }

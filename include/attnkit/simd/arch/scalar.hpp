@@ -83,8 +83,8 @@ inline S exp(S x, requires_arch<scalar_arch>) noexcept {
 inline S tanh(S x, requires_arch<scalar_arch>) noexcept { return std::tanh(x.v); }
 
 template <class A>
-inline void sincos(const double* x, double* s, double* c, index_t n, requires_arch<scalar_arch>) noexcept {
-    for (index_t i = 0; i < n; ++i) s[i] = std::sin(x[i]), c[i] = std::cos(x[i]);
+inline void sincos(const double* x, float* s, float* c, index_t n, requires_arch<scalar_arch>) noexcept {
+    for (index_t i = 0; i < n; ++i) s[i] = static_cast<float>(std::sin(x[i])), c[i] = static_cast<float>(std::cos(x[i]));
 }
 
 // No non-temporal store for one float: a plain store (nothing for store_fence to order).

@@ -9,6 +9,7 @@
 //                               has no half conversion), instead of the generic element loop.
 //   load_bf16_pairs             even / odd elements by one shift and one mask per 8 elements.
 //   swap_pairs                  one shufps.
+//   narrow                      two double vectors to one float vector: two cvtpd2ps, one movlhps.
 // widen4 is also the building block of the AVX (no AVX2) 16-bit loads in avx.hpp.
 #pragma once
 
@@ -84,6 +85,12 @@ template <class A>
 ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> swap_pairs(const xsimd::batch<float, A>& v, requires_arch<sse2>) noexcept {
     const __m128 x = v;
     return xsimd::batch<float, A>(_mm_shuffle_ps(x, x, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> narrow(const xsimd::batch<double, A>& lo, const xsimd::batch<double, A>& hi,
+                                                    requires_arch<sse2>) noexcept {
+    return xsimd::batch<float, A>(_mm_movelh_ps(_mm_cvtpd_ps(lo), _mm_cvtpd_ps(hi)));
 }
 
 }  // namespace kernel
