@@ -43,18 +43,18 @@ inline void table_row(std::int64_t p, const std::vector<double>& freq, float att
     const index_t half = static_cast<index_t>(freq.size());
     const double pd = static_cast<double>(p);
     for (index_t c = 0; c < half; ++c) a[c] = pd * freq[static_cast<std::size_t>(c)];
+    if (!interleaved) {  // the row is [cos | sin]: straight from sincos
+        simd::sincos<A>(a, row + half, row, half);
+        if (attention != 1.0f)
+            for (index_t c = 0; c < 2 * half; ++c) row[c] *= attention;
+        return;
+    }
     simd::sincos<A>(a, sn, cs, half);
-    if (attention != 1.0f)
-        for (index_t c = 0; c < half; ++c) sn[c] *= attention, cs[c] *= attention;
     for (index_t c = 0; c < half; ++c) {
-        if (interleaved) {
-            row[2 * c] = row[2 * c + 1] = cs[c];
-            row[2 * half + 2 * c] = -sn[c];
-            row[2 * half + 2 * c + 1] = sn[c];
-        } else {
-            row[c] = cs[c];
-            row[half + c] = sn[c];
-        }
+        const float co = cs[c] * attention, si = sn[c] * attention;
+        row[2 * c] = row[2 * c + 1] = co;
+        row[2 * half + 2 * c] = -si;
+        row[2 * half + 2 * c + 1] = si;
     }
 }
 
@@ -91,7 +91,7 @@ ATTNKIT_ALWAYS_INLINE void rotate_half_step(T* x1p, T* x2p, const float* cs, con
 }
 
 template <class A, class T>
-inline void rotate_half_head(T* x, const float* row, index_t R) noexcept {
+ATTNKIT_ALWAYS_INLINE void rotate_half_head(T* x, const float* row, index_t R) noexcept {
     constexpr index_t W = simd::kLanes<A>;
     const index_t half = R / 2;
     const float* cs = row;
@@ -120,7 +120,7 @@ ATTNKIT_ALWAYS_INLINE void interleaved_step(T* x, const float* C, const float* S
 // split) on a padded copy as above. One lane (simd::scalar_arch) has no pair to swap: pairs of
 // scalars, with the same fma.
 template <class A, class T>
-inline void interleaved_head(T* x, const float* row, index_t R) noexcept {
+ATTNKIT_ALWAYS_INLINE void interleaved_head(T* x, const float* row, index_t R) noexcept {
     constexpr index_t W = simd::kLanes<A>;
     const float* C = row;
     const float* S = row + R;
