@@ -89,19 +89,21 @@ ATTNKIT_ALWAYS_INLINE void store_float(Eigen::half* p, const xsimd::batch<float,
 }
 #endif
 #if XSIMD_WITH_AVX2
-// Round to nearest even on the bits (add 0x7fff plus the lowest kept bit, keep the top half);
-// NaN becomes 0x7fc0 with its sign, as Eigen::bfloat16(float) does.
-template <class A>
-ATTNKIT_ALWAYS_INLINE void store_float(Eigen::bfloat16* p, const xsimd::batch<float, A>& v,
-                                       requires_arch<avx2>) noexcept {
+// The bfloat16 bits of eight floats, one per 32-bit lane: round to nearest even on the bits (add
+// 0x7fff plus the lowest kept bit, keep the top half); NaN becomes 0x7fc0 with its sign, as
+// Eigen::bfloat16(float) does.
+ATTNKIT_ALWAYS_INLINE __m256i bf16_bits(__m256 v) noexcept {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i hi = _mm256_srli_epi32(u, 16);
     const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
     const __m256i quiet = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
-    r = _mm256_blendv_epi8(r, quiet, nan);
+    return _mm256_blendv_epi8(r, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_float(Eigen::bfloat16* p, const xsimd::batch<float, A>& v,
+                                       requires_arch<avx2>) noexcept {
+    const __m256i r = bf16_bits(v);
     // Every lane is in [0, 0xffff]: the unsigned-saturating pack keeps it as it is.
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
