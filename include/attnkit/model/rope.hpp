@@ -156,8 +156,9 @@ struct rope_cache_access {
 };
 
 // The frequencies of the last options this thread used (a decode loop calls with the same
-// options every time): R/2 pow calls and the scaling's blend are a microsecond, a tenth of a
-// decode step's K. A memo of a pure function of the key: the same values either way.
+// options every time): R/2 pow calls and the scaling's blend are a visible part of a decode
+// step's K (docs/benchmarks.md, RoPE). A memo of a pure function of the key: the same values
+// either way.
 inline std::shared_ptr<const std::vector<double>> frequencies_of(const rope_table_key& key, const rope_options& o) {
     thread_local rope_table_key last_key;
     thread_local std::shared_ptr<const std::vector<double>> last;
@@ -177,8 +178,8 @@ auto table_start(V& t) {
     return t.data() + ((64 - p % 64) % 64) / sizeof(float);
 }
 
-// Below this many elements (or angles) a call runs on the calling thread: a task of the pool
-// costs microseconds, as much as rotating a decode step's K.
+// Below this many elements (or angles) a call runs on the calling thread: handing a decode
+// step's K to the pool costs more than rotating it (docs/benchmarks.md, RoPE).
 constexpr index_t kRopeSerialElements = index_t(1) << 16;
 constexpr index_t kRopeSerialAngles = index_t(1) << 13;
 
