@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -95,6 +96,12 @@ struct sweep_case {
     index_t B, L, H;
     std::int64_t offset;
 };
+
+void PrintTo(const sweep_case& c, std::ostream* os) {
+    *os << (c.style == rope_style::interleaved ? "interleaved" : "rotate_half") << " " << scaling_name(c.scaling)
+        << " D " << c.D << " R " << (c.R ? c.R : c.D) << " x [" << c.B << ", " << c.L << ", " << c.H << ", " << c.D
+        << "] offset " << c.offset;
+}
 
 std::vector<sweep_case> sweep_cases() {
     std::vector<sweep_case> cases;

@@ -18,10 +18,11 @@
 //   attnkit::model::rope(k_step, positions, ro);  // ragged batch: positions [B, L] (int64 or int32)
 //
 // Positions: with a positions tensor, row (b, l) sits at positions(b, l) (>= 0), so a batch of
-// sequences at different lengths decodes in one call; without one, at position_offset + l. Angles
-// are computed in double (p f_c reaches 1e5 radians at long contexts, where float arguments would
-// lose the phase) once per distinct position and frequency of the call, and shared by every row
-// and head at that position. The value of every element depends only on its own input, position
+// sequences at different lengths decodes in one call; without one, at position_offset + l. Each
+// angle and its reduction modulo pi/2 are computed in double (p f_c reaches 1e5 radians at long
+// contexts, where a float argument would lose the phase), cos / sin of the reduced angle in
+// float (simd::sincos), once per distinct position and frequency of the call, and shared by
+// every row and head at that position. The value of every element depends only on its own input, position
 // and the options: one call or many, any thread count, give the same bits.
 //
 // 16-bit x is read as float, rotated in float and rounded to nearest even once: exactly what
