@@ -245,7 +245,9 @@ class decoder {
                         for (index_t i = 0; i < T * H * D; ++i) q.data[i] = q.data[i] / (1.0f + std::exp(-q.data[i]));
                     });
                 timed(prof_.kernels, [&] {
+                    // Every layer rotates at the same positions: one table per step.
                     rope_options ro{c_.rope_theta, pos, c_.pool};
+                    ro.cache = rope_cache_.get();
                     rope(q, ro);
                     rope(k, ro);
                 });
@@ -276,6 +278,7 @@ class decoder {
     index_t pos_ = 0;
     decoder_profile prof_;
     std::vector<Eigen::Tensor<double, 3, Eigen::RowMajor>>* capture_ = nullptr;
+    std::unique_ptr<rope_cache> rope_cache_ = std::make_unique<rope_cache>();  // held by pointer: the decoder stays movable
 };
 
 }  // namespace model
