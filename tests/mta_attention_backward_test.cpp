@@ -6,6 +6,7 @@
 // the block edge (63, 64, 65, 129) and the SIMD widths (lengths 1 .. 17 around 4, 8, 16):
 //   stages        each stage alone and all together, over the lengths
 //   kernel_sizes  G in {1, 2} x c_q in {1, 3, 6} x c_k in {1, 5, 11, 13} (13: the generic tap loop)
+//   block_heights blocks of 1, 3, 5, 16 rows (shorter than the halos) and the whole sequence
 //   heads         MHA, GQA, MQA with every stage on
 //   identity      identity kernels and W = I: the gradients equal softmax_attention_backward's
 //   strided       strided input and gradient views give the same bits as dense ones
@@ -255,6 +256,24 @@ TEST(mta_attention_backward, kernel_sizes) {
                 c.L = 70, c.G = G, c.cq = cq, c.ck = ck, c.D = 5, c.Dv = 4, c.seed = 100 + static_cast<std::uint64_t>(n);
                 check(c);
             }
+}
+
+// Blocks shorter than the halos (1, 3, 5 rows with c_q = 6: the halo rows reach across several
+// blocks) and one block of the whole sequence, through the internal entry point's block override.
+TEST(mta_attention_backward, block_heights) {
+    for (index_t rows : {1, 3, 5, 16, 50}) {
+        config c;
+        c.L = 50, c.cq = 6, c.ck = 5, c.G = 2, c.seed = 300 + static_cast<std::uint64_t>(rows);
+        SCOPED_TRACE(describe(c) + " block rows " + std::to_string(rows));
+        const problem p(c);
+        grads g = p.make_grads();
+        p.want_all(g);
+        attnkit::detail::mta::attention_backward_impl<attnkit::simd::default_arch>(
+            attnkit::detail::q_view(p.q), attnkit::detail::k_view(p.k), attnkit::detail::v_view(p.v),
+            attnkit::view<const float, 4>(p.out), attnkit::view<const float, 4>(p.dout), attnkit::view<float, 4>(g.dq),
+            attnkit::view<float, 4>(g.dk), attnkit::view<float, 4>(g.dv), g.dw, p.o, rows);
+        expect_matches_oracle(p, g);
+    }
 }
 
 TEST(mta_attention_backward, heads) {

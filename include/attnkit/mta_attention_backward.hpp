@@ -44,13 +44,13 @@ template <class A, class TQ, class TK, class TV, class TO, class TD, class TG>
 void attention_backward_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
                              const view<const TO, 4>& out, const view<const TD, 4>& d_out, const view<TG, 4>& d_q,
                              const view<TG, 4>& d_k, const view<TG, 4>& d_v, const mta_weight_grads& dw,
-                             const mta_options& opts) {
+                             const mta_options& opts, index_t block_rows = 0) {
     ATTNKIT_IF_FLOAT("attnkit::mta_attention_backward: float storage (q, k, v, out, d_out and the gradients float "
                      "tensors)",
                      q, k, v, out, d_out, d_q) {
         const shape ms = check_backward(q, k, v, out, d_out, d_q, d_k, d_v, dw, opts);
         const params w = make_params(opts, ms);
-        run_backward<A>(backward_args{q, k, v, d_out, d_q, d_k, d_v, dw}, ms, w, opts.pool);
+        run_backward<A>(backward_args{q, k, v, d_out, d_q, d_k, d_v, dw}, ms, w, opts.pool, block_rows);
     }
 }
 

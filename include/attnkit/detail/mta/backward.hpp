@@ -70,7 +70,9 @@ class backward_runner {
     static constexpr index_t kKeyAlign = 128;  // KW's multiple: kRowBlock and kTileRows divide it
 
    public:
-    backward_runner(const backward_args& g, const shape& ms, const params& w, thread_pool* pool)
+    // block_rows > 0 overrides the budgeted block height (tests: many blocks on short sequences;
+    // the benchmark's materialised baseline: one block of the whole sequence).
+    backward_runner(const backward_args& g, const shape& ms, const params& w, thread_pool* pool, index_t block_rows = 0)
         : g_(g), w_(w), pool_(pool) {
         const attention_shape& s = ms.s;
         B_ = s.batch, L_ = s.len_q, H_ = s.heads, Hk_ = s.heads_k, grp_ = s.group(), D_ = s.dim, Dv_ = s.dim_v;
@@ -83,6 +85,7 @@ class backward_runner {
         const index_t halo = 2 * (hp_ + hq_);
         const index_t fit = kBackwardScratchBytes / (kBackwardArrays * H_ * ls_ * index_t(sizeof(float))) - halo;
         block_ = std::max<index_t>(8, std::min(kBackwardBlockRows, fit));
+        if (block_rows > 0) block_ = block_rows;
         block_ = std::min(block_, std::max<index_t>(L_, 1));
         nr_ = block_ + halo;
         if (w.pre.on()) flip_pre_ = flipped(w.kq_pre, w.pre);
@@ -452,8 +455,9 @@ class backward_runner {
 };
 
 template <class A>
-void run_backward(const backward_args& g, const shape& ms, const params& w, thread_pool* pool) {
-    backward_runner<A>(g, ms, w, pool).run();
+void run_backward(const backward_args& g, const shape& ms, const params& w, thread_pool* pool,
+                  index_t block_rows = 0) {
+    backward_runner<A>(g, ms, w, pool, block_rows).run();
 }
 
 }  // namespace mta
