@@ -11,6 +11,7 @@
 //   identity      identity kernels and W = I: the gradients equal softmax_attention_backward's
 //   strided       strided input and gradient views give the same bits as dense ones
 //   threads       1, 2, 3 threads and no pool give the same bits
+//   non_finite    a NaN at the last token changes no other item and no d_q row it cannot reach
 //   bad_input     every rejected argument, nothing written
 //
 // Tolerance: the kernel computes in float what the oracle computes in double, through up to
@@ -359,6 +360,35 @@ TEST(mta_attention_backward, bitwise_identical_for_any_thread_count) {
                 EXPECT_EQ(more.bias, one.bias) << n << " threads";
             }
         }
+    }
+}
+
+// A NaN at the last token of item 0's q, k or v (all stages on): item 1's gradients stay finite,
+// and so do item 0's d_q rows that no path connects to that token (rows before the last
+// c_q,pre - 1 + c_q,post - 1 + 1: the transposed convolutions look that far ahead).
+TEST(mta_attention_backward, non_finite_stays_in_the_rows_that_see_it) {
+    for (int which = 0; which < 3; ++which) {
+        config c;
+        c.B = 2, c.L = 70, c.cq = 3, c.ck = 5;
+        problem p(c);
+        tensor4<float>& x = which == 0 ? p.q : which == 1 ? p.k : p.v;
+        x(0, c.L - 1, 0, 0) = std::numeric_limits<float>::quiet_NaN();
+        const grads g = p.run();
+        const index_t last_clean = c.L - 1 - 2 * (c.cq - 1);
+        for (index_t i = 0; i < c.L; ++i)
+            for (index_t h = 0; h < c.H; ++h)
+                for (index_t d = 0; d < c.D; ++d) {
+                    EXPECT_TRUE(std::isfinite(g.dq(1, i, h, d))) << which << " item 1 row " << i;
+                    if (i < last_clean) {
+                        EXPECT_TRUE(std::isfinite(g.dq(0, i, h, d))) << which << " item 0 row " << i;
+                    }
+                }
+        for (index_t i = 0; i < c.L; ++i)
+            for (index_t h = 0; h < c.Hk; ++h) {
+                for (index_t d = 0; d < c.D; ++d) EXPECT_TRUE(std::isfinite(g.dk(1, i, h, d))) << which;
+                for (index_t d = 0; d < c.Dv; ++d) EXPECT_TRUE(std::isfinite(g.dv(1, i, h, d))) << which;
+            }
+        EXPECT_TRUE(std::isnan(g.dq(0, c.L - 1, 0, 0))) << which;
     }
 }
 

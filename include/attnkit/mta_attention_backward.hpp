@@ -24,6 +24,10 @@
 // and weight-gradient partial is summed by one task in a fixed order (weights in double), so the
 // results are bitwise identical for any thread count.
 //
+// A NaN or Inf stays in the gradients that depend on it: its batch item, and the rows that see it
+// (a causal zero never multiplies a non-finite value: those products take a guarded path). The
+// weight gradients sum over every row and item, so they carry it.
+//
 // Bad input (shapes that do not match the forward's, a weight gradient of the wrong shape or for
 // a stage that is off, gradients that overlap each other or an input) throws
 // std::invalid_argument naming the argument, before anything is written.

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "attnkit/detail/gemm.hpp"
+#include "attnkit/detail/micro_kernels.hpp"
 #include "attnkit/detail/mta/backward_ops.hpp"
 #include "attnkit/detail/mta/params.hpp"
 #include "attnkit/detail/mta/tile_ops.hpp"
@@ -211,6 +212,42 @@ class backward_runner {
         return {x.data() + h * Dv_, n, Dv_, H_ * Dv_};
     }
 
+    // Whether rows of a matrix hold only finite values.
+    static bool finite_rows(const matrix_ref<const float>& m) {
+        for (index_t r = 0; r < m.rows; ++r)
+            if (!all_finite<A>(m.data + r * m.stride, m.cols)) return false;
+        return true;
+    }
+
+    // The products whose causal zeros meet another operand's rows past the diagonal: a weight of
+    // 0 times a NaN or Inf there would be NaN, where the exact product never reads that row. With
+    // every such row finite (the common case) the GEMM runs; otherwise each row takes only the
+    // rows it sees, so that a non-finite value stays in the rows that depend on it.
+    //   c = a b over row i's keys 0 .. i       (a: rows [r0, r0 + c.rows) of an array)
+    void causal_product(const matrix_ref<const float>& a, index_t r0, const matrix_ref<const float>& b,
+                        const matrix_ref<float>& c) {
+        if (finite_rows(b)) return gemm_on<A>(a, gemm_op::none, b, gemm_op::none, c);
+        for (index_t t = 0; t < c.rows; ++t) {
+            float* cr = c.data + t * c.stride;
+            std::fill(cr, cr + c.cols, 0.0f);
+            const float* ar = a.data + t * a.stride;
+            for (index_t j = 0; j <= r0 + t && j < a.cols; ++j)
+                for (index_t d = 0; d < c.cols; ++d) cr[d] += ar[j] * b.data[j * b.stride + d];
+        }
+    }
+    //   c += a^T b where key j takes the rows i >= j only (a: rows [r0, r0 + a.rows), b the same rows)
+    void causal_product_transposed(const matrix_ref<const float>& a, index_t r0, const matrix_ref<const float>& b,
+                                   const matrix_ref<float>& c) {
+        if (finite_rows(b)) return gemm_on<A>(a, gemm_op::transpose, b, gemm_op::none, c, gemm_mode::add);
+        for (index_t j = 0; j < c.rows; ++j) {
+            float* cr = c.data + j * c.stride;
+            for (index_t t = std::max<index_t>(0, j - r0); t < a.rows; ++t) {
+                const float w = a.data[t * a.stride + j];
+                for (index_t d = 0; d < c.cols; ++d) cr[d] += w * b.data[t * b.stride + d];
+            }
+        }
+    }
+
     template <class F>
     void over(index_t n, F&& f) {
         parallel_for(pool_, n, [&](std::int64_t t) { f(static_cast<index_t>(t)); });
@@ -372,8 +409,7 @@ class backward_runner {
             mix_rows(w_.head_post.data(), sP1, sP2, i0, e2);
         }
         over(H_, [&](index_t h) {
-            gemm_on<A>(in(rows_of_slot(sP2, h, i0, e2, e2)), gemm_op::none, v_rows(b, h / grp_, e2), gemm_op::none,
-                       head_rows(o_, h, R2));
+            causal_product(in(rows_of_slot(sP2, h, i0, e2, e2)), i0, v_rows(b, h / grp_, e2), head_rows(o_, h, R2));
         });
 
         // ---- backward ----
@@ -391,8 +427,7 @@ class backward_runner {
             const matrix_ref<float> dv{g_.d_v.data + b * g_.d_v.strides[0] + kvh * g_.d_v.strides[2], i1, Dv_,
                                        g_.d_v.strides[1]};
             for (index_t h = kvh * grp_; h < (kvh + 1) * grp_; ++h)
-                gemm_on<A>(in(rows_of_slot(sP2, h, i0, i1, i1)), gemm_op::transpose, in(head_rows(do_, h, R)), gemm_op::none,
-                           dv, gemm_mode::add);
+                causal_product_transposed(in(rows_of_slot(sP2, h, i0, i1, i1)), i0, in(head_rows(do_, h, R)), dv);
         });
         if (mpost) give(sP2);
         if (post && !mpost) give(sP1);
@@ -441,14 +476,13 @@ class backward_runner {
             }
             const matrix_ref<float> dq{g_.d_q.data + b * g_.d_q.strides[0] + i0 * g_.d_q.strides[1] + h * g_.d_q.strides[2],
                                        R, D_, g_.d_q.strides[1]};
-            gemm_on<A>(in(rows_of_slot(sdX, h, i0, i1, i1)), gemm_op::none, k_rows(b, h / grp_, i1), gemm_op::none, dq);
+            causal_product(in(rows_of_slot(sdX, h, i0, i1, i1)), i0, k_rows(b, h / grp_, i1), dq);
         });
         over(Hk_, [&](index_t kvh) {
             const matrix_ref<float> dk{g_.d_k.data + b * g_.d_k.strides[0] + kvh * g_.d_k.strides[2], i1, D_,
                                        g_.d_k.strides[1]};
             for (index_t h = kvh * grp_; h < (kvh + 1) * grp_; ++h)
-                gemm_on<A>(in(rows_of_slot(sdX, h, i0, i1, i1)), gemm_op::transpose, q_rows(b, h, i0, i1), gemm_op::none, dk,
-                           gemm_mode::add);
+                causal_product_transposed(in(rows_of_slot(sdX, h, i0, i1, i1)), i0, q_rows(b, h, i0, i1), dk);
         });
         give(sdX);
     }
