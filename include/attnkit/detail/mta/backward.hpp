@@ -51,7 +51,7 @@ namespace mta {
 #define ATTNKIT_MTA_BACKWARD_BLOCK_ROWS 64
 #endif
 #ifndef ATTNKIT_MTA_BACKWARD_SCRATCH_MIB
-#define ATTNKIT_MTA_BACKWARD_SCRATCH_MIB 64
+#define ATTNKIT_MTA_BACKWARD_SCRATCH_MIB 96
 #endif
 constexpr index_t kBackwardBlockRows = ATTNKIT_MTA_BACKWARD_BLOCK_ROWS;
 constexpr index_t kBackwardScratchBytes = index_t(ATTNKIT_MTA_BACKWARD_SCRATCH_MIB) << 20;
