@@ -68,7 +68,7 @@ template <class A>
 class backward_runner {
     using V = simd::vfloat<A>;
     static constexpr index_t RT = tile_traits<A>::kTileRows;
-    static constexpr index_t kKeyAlign = 128;  // KW's multiple: kRowBlock and kTileRows divide it
+    static constexpr index_t kKeyAlign = 128;  // the clean width's multiple: the convolution's key blocks and kTileRows divide it
 
    public:
     // block_rows > 0 overrides the budgeted block height (tests: many blocks on short sequences;
@@ -286,8 +286,9 @@ class backward_runner {
             const index_t g0 = h / G * G;
             for (index_t m = 0; m < G; ++m) in[m] = row(src, g0 + m, x0_);
             const conv_source cs_src{in.data(), x0_, lo, hi, ls_};
-            for (index_t i = r0; i < r1; ++i)
-                conv_row<A>(row(dst, h, i), cs_src, G, k + h * G * cq * ck, cq, ck, row_off, i, clean_);
+            std::vector<float*> outs(static_cast<std::size_t>(r1 - r0));
+            for (index_t i = r0; i < r1; ++i) outs[static_cast<std::size_t>(i - r0)] = row(dst, h, i);
+            conv_rows_range<A>(outs.data(), cs_src, G, k + h * G * cq * ck, cq, ck, row_off, r0, r1, clean_);
         });
     }
 

@@ -4,7 +4,7 @@
 // the query's own position up to the work item's clean end. The padding and the clean tail are
 // what lets every convolution tap be a plain unaligned load without edge cases.
 //
-//   conv_row       out[j] = sum_{m, a, c} k[m][a][c] in[m][row i + a + row_off][j + c - (c_k - 1) / 2],
+//   conv_rows_range out[j] = sum_{m, a, c} k[m][a][c] in[m][row i + a + row_off][j + c - (c_k - 1) / 2],
 //                  for j <= i (0 after): the forward cross-correlation (row_off = -(c_q - 1)) and,
 //                  with the kernel flipped, its transpose (row_off = 0: the rows that read row i
 //                  are i .. i + c_q - 1, the keys j - hk .. j + hk)
@@ -23,10 +23,6 @@ namespace attnkit {
 namespace detail {
 namespace mta {
 
-// Keys per register block of conv_row: four vectors.
-template <class A>
-constexpr index_t kRowBlock = 4 * simd::kLanes<A>;
-
 // The source rows of one convolution: in[m] points at key 0 of absolute row `row0` of input
 // head m (row stride ls); rows outside [lo, hi) are 0 (before the sequence, or not computed
 // because no output needs them).
@@ -36,36 +32,68 @@ struct conv_source {
     const float* row(index_t m, index_t r) const { return (r < lo || r >= hi) ? nullptr : in[m] + (r - row0) * ls; }
 };
 
-// Output row i (out: its key 0) of a key-query convolution over the G heads of src with kernel
-// k [G][c_q][c_k]; keys > i and up to clean_end are written 0.
-template <class A>
-void conv_row(float* out, const conv_source& src, index_t G, const float* k, index_t cq, index_t ck, index_t row_off,
-              index_t i, index_t clean_end) {
+// Output rows i .. i + R - 1 (out[r]: key 0 of row i + r) of a key-query convolution over the G
+// heads of src with kernel k [G][c_q][c_k]; keys past each row and up to clean_end are written
+// 0. Register block: R rows x two vectors of keys. A source row s feeds output row i + r through
+// query tap a = s - (i + r) - row_off, so each source vector loaded for a key tap c serves every
+// output row of the block that reads it (up to R FMAs per vector loaded, against one for a
+// row-at-a-time loop).
+template <class A, int R>
+void conv_rows_block(float* const* out, const conv_source& src, index_t G, const float* k, index_t cq, index_t ck,
+                     index_t row_off, index_t i, index_t clean_end) {
     using V = simd::vfloat<A>;
-    constexpr index_t W = simd::kLanes<A>, NB = kRowBlock<A>;
-    const index_t hk = (ck - 1) / 2, n = (i + NB) / NB * NB;  // blocks covering keys 0 .. i
+    constexpr index_t W = simd::kLanes<A>, NB = 2 * W;
+    const index_t hk = (ck - 1) / 2, last = i + R - 1, n = (last + NB) / NB * NB;
     for (index_t j0 = 0; j0 < n; j0 += NB) {
-        V acc[4] = {V(0.0f), V(0.0f), V(0.0f), V(0.0f)};
+        V acc[R][2];
+        for (auto& row : acc) row[0] = V(0.0f), row[1] = V(0.0f);
         for (index_t m = 0; m < G; ++m)
-            for (index_t a = 0; a < cq; ++a) {
-                const float* s = src.row(m, i + a + row_off);
+            for (index_t s_row = i + row_off; s_row < i + R + cq - 1 + row_off; ++s_row) {
+                const float* s = src.row(m, s_row);
                 if (!s) continue;
                 s += j0 - hk;
-                const float* kk = k + (m * cq + a) * ck;
+                const index_t a0 = s_row - i - row_off;  // tap of output row i; row i + r uses a0 - r
                 for (index_t c = 0; c < ck; ++c) {
-                    const V w(kk[c]);
-                    for (int v = 0; v < 4; ++v) acc[v] = simd::fma(w, simd::loadu<A>(s + c + v * W), acc[v]);
+                    const V x0 = simd::loadu<A>(s + c), x1 = simd::loadu<A>(s + c + W);
+                    for (int r = 0; r < R; ++r) {
+                        const index_t a = a0 - r;
+                        if (a < 0 || a >= cq) continue;
+                        const V w(k[(m * cq + a) * ck + c]);
+                        acc[r][0] = simd::fma(w, x0, acc[r][0]);
+                        acc[r][1] = simd::fma(w, x1, acc[r][1]);
+                    }
                 }
             }
-        if (j0 + NB <= i + 1) {
-            for (int v = 0; v < 4; ++v) simd::storeu(out + j0 + v * W, acc[v]);
-        } else {
-            alignas(64) float t[4 * 64];
-            for (int v = 0; v < 4; ++v) simd::storeu(t + v * W, acc[v]);
-            for (index_t j = j0; j < j0 + NB; ++j) out[j] = j <= i ? t[j - j0] : 0.0f;
+        for (int r = 0; r < R; ++r) {
+            const index_t row = i + r;
+            if (j0 > row) {
+                std::fill(out[r] + j0, out[r] + j0 + NB, 0.0f);
+            } else if (j0 + NB <= row + 1) {
+                simd::storeu(out[r] + j0, acc[r][0]);
+                simd::storeu(out[r] + j0 + W, acc[r][1]);
+            } else {
+                alignas(64) float t[2 * 64];
+                simd::storeu(t, acc[r][0]);
+                simd::storeu(t + W, acc[r][1]);
+                for (index_t j = j0; j < j0 + NB; ++j) out[r][j] = j <= row ? t[j - j0] : 0.0f;
+            }
         }
     }
-    std::fill(out + n, out + clean_end, 0.0f);
+    for (int r = 0; r < R; ++r) std::fill(out[r] + n, out[r] + clean_end, 0.0f);
+}
+
+// Output rows [r0, r1): blocks of four rows, the tail by a smaller block.
+template <class A>
+void conv_rows_range(float* const* out_of_row, const conv_source& src, index_t G, const float* k, index_t cq,
+                     index_t ck, index_t row_off, index_t r0, index_t r1, index_t clean_end) {
+    index_t i = r0;
+    for (; i + 4 <= r1; i += 4) conv_rows_block<A, 4>(out_of_row + (i - r0), src, G, k, cq, ck, row_off, i, clean_end);
+    switch (r1 - i) {
+        case 3: conv_rows_block<A, 3>(out_of_row + (i - r0), src, G, k, cq, ck, row_off, i, clean_end); break;
+        case 2: conv_rows_block<A, 2>(out_of_row + (i - r0), src, G, k, cq, ck, row_off, i, clean_end); break;
+        case 1: conv_rows_block<A, 1>(out_of_row + (i - r0), src, G, k, cq, ck, row_off, i, clean_end); break;
+        default: break;
+    }
 }
 
 // dk[m][a][c] += sum_{j <= i} dy[j] in[m][row i + a + row_off][j + c - hk], the row's float sum
