@@ -149,7 +149,8 @@ inline cube conv_backward(const cube& dy, const cube& x, const dconv& k, std::ve
                             const index_t n = (h / k.G) * k.G + m, ii = i + a - (k.cq - 1), jj = j + c - hk;
                             if (ii < 0 || jj < 0 || ii >= L || jj >= L) continue;
                             dx(n, ii, jj) += k.at(h, m, a, c) * g;
-                            dtheta[static_cast<std::size_t>(((h * k.G + m) * k.cq + a) * k.ck + c)] += g * x.at(n, ii, jj);
+                            const std::size_t t = static_cast<std::size_t>(((h * k.G + m) * k.cq + a) * k.ck + c);
+                            dtheta[t] += g * x.at(n, ii, jj);
                         }
             }
     return dx;
@@ -160,8 +161,9 @@ inline cube mix(const cube& x, const std::vector<double>& w) {
     for (index_t h = 0; h < x.H; ++h)
         for (index_t g = 0; g < x.H; ++g) {
             const double wg = w[static_cast<std::size_t>(h * x.H + g)];
-            for (std::size_t e = 0; e < y.a.size() / static_cast<std::size_t>(x.H); ++e)
-                y.a[static_cast<std::size_t>(h * x.L * x.L) + e] += wg * x.a[static_cast<std::size_t>(g * x.L * x.L) + e];
+            const std::size_t n = static_cast<std::size_t>(x.L * x.L);
+            for (std::size_t e = 0; e < n; ++e)
+                y.a[static_cast<std::size_t>(h) * n + e] += wg * x.a[static_cast<std::size_t>(g) * n + e];
         }
     return y;
 }
@@ -333,7 +335,8 @@ dgrads backward(const view<const TQ, 4>& q, const view<const TK, 4>& k, const vi
                     for (index_t c = 0; c < Dv; ++c) {
                         const double doc = dO[static_cast<std::size_t>((i * H + h) * Dv + c)];
                         s += doc * static_cast<double>(v(b, j, h / group, c));
-                        g.dv[static_cast<std::size_t>(((b * L + j) * Hk + h / group) * Dv + c)] += t.p2.at(h, i, j) * doc;
+                        const std::size_t at_v = static_cast<std::size_t>(((b * L + j) * Hk + h / group) * Dv + c);
+                        g.dv[at_v] += t.p2.at(h, i, j) * doc;
                     }
                     dp2(h, i, j) = s;
                 }

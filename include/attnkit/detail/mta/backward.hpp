@@ -21,7 +21,7 @@
 //
 // Each array is dense [H][rows][keys] floats for the block (detail/mta/backward_ops.hpp's clean
 // rows): O(block rows x L x H) scratch for the call, with the block height chosen so that the
-// arrays fit kScratchBytes; the [H, L, L] tensors never exist. The products with q, k, v and
+// arrays fit kBackwardScratchBytes; the [H, L, L] tensors never exist. The products with q, k, v and
 // d_out are the engine's GEMM (detail/gemm.hpp, transposed operands read in place); the head
 // mixings are detail/mta/tile_ops.hpp's head_mix.
 //
@@ -68,7 +68,8 @@ template <class A>
 class backward_runner {
     using V = simd::vfloat<A>;
     static constexpr index_t RT = tile_traits<A>::kTileRows;
-    static constexpr index_t kKeyAlign = 128;  // the clean width's multiple: the convolution's key blocks and kTileRows divide it
+    // The clean width's multiple: the convolution's key blocks and kTileRows divide it.
+    static constexpr index_t kKeyAlign = 128;
 
    public:
     // block_rows > 0 overrides the budgeted block height (tests: many blocks on short sequences;
@@ -151,7 +152,8 @@ class backward_runner {
     std::vector<float> transposed(const std::vector<float>& w) const {
         std::vector<float> t(w.size());
         for (index_t h = 0; h < H_; ++h)
-            for (index_t g = 0; g < H_; ++g) t[static_cast<std::size_t>(g * H_ + h)] = w[static_cast<std::size_t>(h * H_ + g)];
+            for (index_t g = 0; g < H_; ++g)
+                t[static_cast<std::size_t>(g * H_ + h)] = w[static_cast<std::size_t>(h * H_ + g)];
         return t;
     }
 
@@ -270,7 +272,8 @@ class backward_runner {
         over(H_, [&](index_t h) {
             for (index_t gh = 0; gh < H_; ++gh) {
                 double s = 0.0;
-                for (index_t i = i0; i < i1; ++i) s += static_cast<double>(simd::dot<A>(row(dy, h, i), row(x, gh, i), i + 1));
+                for (index_t i = i0; i < i1; ++i)
+                    s += static_cast<double>(simd::dot<A>(row(dy, h, i), row(x, gh, i), i + 1));
                 dw[static_cast<std::size_t>(h * H_ + gh)] += s;
             }
         });
@@ -351,7 +354,8 @@ class backward_runner {
                     const double r3 = r * r * r / static_cast<double>(Dv_);
                     for (index_t c = 0; c < Dv_; ++c) {
                         if (own) acc_norm_[static_cast<std::size_t>(c)] += dn[c] * o[c] * r;
-                        d[c] = static_cast<float>(r * w_.norm_weight[static_cast<std::size_t>(c)] * dn[c] - r3 * o[c] * e);
+                        const double wc = w_.norm_weight[static_cast<std::size_t>(c)];
+                        d[c] = static_cast<float>(r * wc * dn[c] - r3 * o[c] * e);
                     }
                 } else {
                     for (index_t c = 0; c < Dv_; ++c) d[c] = static_cast<float>(dn[c]);
@@ -475,8 +479,9 @@ class backward_runner {
                 const index_t n = round_up(i + 1, simd::kLanes<A>);
                 for (index_t j = 0; j < n; j += simd::kLanes<A>) simd::storeu(x + j, simd::loadu<A>(x + j) * sc);
             }
-            const matrix_ref<float> dq{g_.d_q.data + b * g_.d_q.strides[0] + i0 * g_.d_q.strides[1] + h * g_.d_q.strides[2],
-                                       R, D_, g_.d_q.strides[1]};
+            const view<float, 4>& gq = g_.d_q;
+            const matrix_ref<float> dq{gq.data + b * gq.strides[0] + i0 * gq.strides[1] + h * gq.strides[2], R, D_,
+                                       gq.strides[1]};
             causal_product(in(rows_of_slot(sdX, h, i0, i1, i1)), i0, k_rows(b, h / grp_, i1), dq);
         });
         over(Hk_, [&](index_t kvh) {
