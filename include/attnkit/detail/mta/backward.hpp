@@ -259,10 +259,10 @@ class backward_runner {
     void mix_rows(const float* w, int src, int dst, index_t r0, index_t r1) {
         over(r1 - r0, [&](index_t t) {
             const index_t i = r0 + t, n = round_up(i + 1, RT);
-            std::vector<const float*> in(static_cast<std::size_t>(H_));
+            std::vector<const float*> from(static_cast<std::size_t>(H_));
             std::vector<float*> out(static_cast<std::size_t>(H_));
-            for (index_t h = 0; h < H_; ++h) in[h] = row(src, h, i), out[h] = row(dst, h, i);
-            head_mix<A>(in.data(), out.data(), w, H_, n);
+            for (index_t h = 0; h < H_; ++h) from[h] = row(src, h, i), out[h] = row(dst, h, i);
+            head_mix<A>(from.data(), out.data(), w, H_, n);
             for (index_t h = 0; h < H_; ++h) std::fill(out[h] + n, out[h] + clean_, 0.0f);
         });
     }
@@ -285,10 +285,10 @@ class backward_runner {
                    index_t lo, index_t hi) {
         const index_t G = cs.groups, cq = cs.c_q, ck = cs.c_k;
         over(H_, [&](index_t h) {
-            std::vector<const float*> in(static_cast<std::size_t>(G));
+            std::vector<const float*> from(static_cast<std::size_t>(G));
             const index_t g0 = h / G * G;
-            for (index_t m = 0; m < G; ++m) in[m] = row(src, g0 + m, x0_);
-            const conv_source cs_src{in.data(), x0_, lo, hi, ls_};
+            for (index_t m = 0; m < G; ++m) from[m] = row(src, g0 + m, x0_);
+            const conv_source cs_src{from.data(), x0_, lo, hi, ls_};
             std::vector<float*> outs(static_cast<std::size_t>(r1 - r0));
             for (index_t i = r0; i < r1; ++i) outs[static_cast<std::size_t>(i - r0)] = row(dst, h, i);
             conv_rows_range<A>(outs.data(), cs_src, G, k + h * G * cq * ck, cq, ck, row_off, r0, r1, clean_);
@@ -300,10 +300,10 @@ class backward_runner {
                    index_t i1, index_t lo, index_t hi) {
         const index_t G = cs.groups, cq = cs.c_q, ck = cs.c_k;
         over(H_, [&](index_t h) {
-            std::vector<const float*> in(static_cast<std::size_t>(G));
+            std::vector<const float*> from(static_cast<std::size_t>(G));
             const index_t g0 = h / G * G;
-            for (index_t m = 0; m < G; ++m) in[m] = row(src, g0 + m, x0_);
-            const conv_source cs_src{in.data(), x0_, lo, hi, ls_};
+            for (index_t m = 0; m < G; ++m) from[m] = row(src, g0 + m, x0_);
+            const conv_source cs_src{from.data(), x0_, lo, hi, ls_};
             for (index_t i = i0; i < i1; ++i)
                 conv_grad_row<A>(dk.data() + h * G * cq * ck, row(dy, h, i), cs_src, G, cq, ck, row_off, i);
         });
