@@ -42,6 +42,8 @@
 #include "attnkit/embedding_qk_backward.hpp"
 #include "attnkit/reference/mta_attention.hpp"
 #include "attnkit/mta_attention.hpp"
+#include "attnkit/reference/mta_attention_backward.hpp"
+#include "attnkit/mta_attention_backward.hpp"
 #include "attnkit/reference/model/rms_norm.hpp"
 #include "attnkit/reference/model/rope.hpp"
 #include "attnkit/model/rms_norm.hpp"

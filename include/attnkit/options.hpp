@@ -87,4 +87,18 @@ struct mta_options {
     thread_pool* pool = nullptr;
 };
 
+// The gradients of multi-token attention's weights (mta_attention_backward.hpp), each shaped like
+// the option it belongs to and overwritten. A null member is "not wanted"; it must be null where
+// the stage is off (the option is not set). norm_weight's and gate_weight's gradients and
+// gate_bias (a single float) follow norm_weight and gate_weight.
+struct mta_weight_grads {
+    view<float, 4> kq_pre;       // [H, G, c_q, c_k]
+    view<float, 2> head_pre;     // [H, H]
+    view<float, 4> kq_post;      // [H, G, c_q, c_k]
+    view<float, 2> head_post;    // [H, H]
+    view<float, 1> norm_weight;  // [Dv]
+    view<float, 1> gate_weight;  // [Dv]
+    float* gate_bias = nullptr;
+};
+
 }  // namespace attnkit

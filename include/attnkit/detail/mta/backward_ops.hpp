@@ -1,0 +1,188 @@
+// Row operations of multi-token attention's backward pass (detail/mta/backward.hpp), on dense
+// score rows: each array of a work item is [H][rows][row stride] floats, a row holding the keys
+// 0 .. of one (head, query) with zero padding on both sides, and "clean": 0 at every key after
+// the query's own position up to the work item's clean end. The padding and the clean tail are
+// what lets every convolution tap be a plain unaligned load without edge cases.
+//
+//   conv_rows_range out[j] = sum_{m, a, c} k[m][a][c] in[m][row i + a + row_off][j + c - (c_k - 1) / 2],
+//                  for j <= i (0 after): the forward cross-correlation (row_off = -(c_q - 1)) and,
+//                  with the kernel flipped, its transpose (row_off = 0: the rows that read row i
+//                  are i .. i + c_q - 1, the keys j - hk .. j + hk)
+//   conv_grad_row  dk[m][a][c] += <dy row i, in[m][row i + a + row_off] shifted by c - hk>
+//   softmax_row, softmax_grad_row
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+
+#include "attnkit/detail/online_softmax.hpp"
+#include "attnkit/detail/tile_traits.hpp"
+#include "attnkit/simd/simd.hpp"
+
+namespace attnkit {
+namespace detail {
+namespace mta {
+
+// The source rows of one convolution: in[m] points at key 0 of absolute row `row0` of input
+// head m (row stride ls); rows outside [lo, hi) are 0 (before the sequence, or not computed
+// because no output needs them).
+struct conv_source {
+    const float* const* in;
+    index_t row0, lo, hi, ls;
+    const float* row(index_t m, index_t r) const { return (r < lo || r >= hi) ? nullptr : in[m] + (r - row0) * ls; }
+};
+
+// Output rows i .. i + R - 1 (out[r]: key 0 of row i + r) of a key-query convolution over the G
+// heads of src with kernel k [G][c_q][c_k]; keys past each row and up to clean_end are written
+// 0. Register block: R rows x two vectors of keys. A source row s feeds output row i + r through
+// query tap a = s - (i + r) - row_off, so each source vector loaded for a key tap c serves every
+// output row of the block that reads it (up to R FMAs per vector loaded, against one for a
+// row-at-a-time loop).
+template <class A, int R>
+void conv_rows_block(float* const* out, const conv_source& src, index_t G, const float* k, index_t cq, index_t ck,
+                     index_t row_off, index_t i, index_t clean_end) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>, NB = 2 * W;
+    const index_t hk = (ck - 1) / 2, last = i + R - 1, n = (last + NB) / NB * NB;
+    for (index_t j0 = 0; j0 < n; j0 += NB) {
+        V acc[R][2];
+        for (auto& row : acc) row[0] = V(0.0f), row[1] = V(0.0f);
+        for (index_t m = 0; m < G; ++m)
+            for (index_t s_row = i + row_off; s_row < i + R + cq - 1 + row_off; ++s_row) {
+                const float* s = src.row(m, s_row);
+                if (!s) continue;
+                s += j0 - hk;
+                const index_t a0 = s_row - i - row_off;  // tap of output row i; row i + r uses a0 - r
+                for (index_t c = 0; c < ck; ++c) {
+                    const V x0 = simd::loadu<A>(s + c), x1 = simd::loadu<A>(s + c + W);
+                    for (int r = 0; r < R; ++r) {
+                        const index_t a = a0 - r;
+                        if (a < 0 || a >= cq) continue;
+                        const V w(k[(m * cq + a) * ck + c]);
+                        acc[r][0] = simd::fma(w, x0, acc[r][0]);
+                        acc[r][1] = simd::fma(w, x1, acc[r][1]);
+                    }
+                }
+            }
+        for (int r = 0; r < R; ++r) {
+            const index_t row = i + r;
+            if (j0 > row) {
+                std::fill(out[r] + j0, out[r] + j0 + NB, 0.0f);
+            } else if (j0 + NB <= row + 1) {
+                simd::storeu(out[r] + j0, acc[r][0]);
+                simd::storeu(out[r] + j0 + W, acc[r][1]);
+            } else {
+                alignas(64) float t[2 * 64];
+                simd::storeu(t, acc[r][0]);
+                simd::storeu(t + W, acc[r][1]);
+                for (index_t j = j0; j < j0 + NB; ++j) out[r][j] = j <= row ? t[j - j0] : 0.0f;
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) std::fill(out[r] + n, out[r] + clean_end, 0.0f);
+}
+
+// Output rows [r0, r1): blocks of four rows, the tail by a smaller block.
+template <class A>
+void conv_rows_range(float* const* out_of_row, const conv_source& src, index_t G, const float* k, index_t cq,
+                     index_t ck, index_t row_off, index_t r0, index_t r1, index_t clean_end) {
+    index_t i = r0;
+    for (; i + 4 <= r1; i += 4) conv_rows_block<A, 4>(out_of_row + (i - r0), src, G, k, cq, ck, row_off, i, clean_end);
+    switch (r1 - i) {
+        case 3: conv_rows_block<A, 3>(out_of_row + (i - r0), src, G, k, cq, ck, row_off, i, clean_end); break;
+        case 2: conv_rows_block<A, 2>(out_of_row + (i - r0), src, G, k, cq, ck, row_off, i, clean_end); break;
+        case 1: conv_rows_block<A, 1>(out_of_row + (i - r0), src, G, k, cq, ck, row_off, i, clean_end); break;
+        default: break;
+    }
+}
+
+// dk[m][a][c] += sum_{j <= i} dy[j] in[m][row i + a + row_off][j + c - hk], the row's float sum
+// added to the double accumulator (compile-time c_k: one accumulator per key tap).
+template <class A, int kCk>
+void conv_grad_row_impl(double* dk, const float* dy, const conv_source& src, index_t G, index_t cq, index_t ck,
+                        index_t row_off, index_t i) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    const index_t hk = (ck - 1) / 2, n = (i + W) / W * W;  // dy is 0 after key i
+    for (index_t m = 0; m < G; ++m)
+        for (index_t a = 0; a < cq; ++a) {
+            const float* s = src.row(m, i + a + row_off);
+            if (!s) continue;
+            s -= hk;
+            double* d = dk + (m * cq + a) * ck;
+            if constexpr (kCk > 0) {
+                V acc[kCk];
+                for (auto& x : acc) x = V(0.0f);
+                for (index_t j = 0; j < n; j += W) {
+                    const V g = simd::loadu<A>(dy + j);
+#pragma GCC unroll 16
+                    for (int c = 0; c < kCk; ++c) acc[c] = simd::fma(g, simd::loadu<A>(s + j + c), acc[c]);
+                }
+                for (int c = 0; c < kCk; ++c) d[c] += static_cast<double>(simd::hsum(acc[c]));
+            } else {
+                for (index_t c = 0; c < ck; ++c) d[c] += static_cast<double>(simd::dot<A>(dy, s + c, n));
+            }
+        }
+}
+
+template <class A>
+void conv_grad_row(double* dk, const float* dy, const conv_source& src, index_t G, index_t cq, index_t ck,
+                   index_t row_off, index_t i) {
+    switch (ck) {  // the paper's 11 and the small odd sizes keep their accumulators in registers
+        case 1: return conv_grad_row_impl<A, 1>(dk, dy, src, G, cq, ck, row_off, i);
+        case 3: return conv_grad_row_impl<A, 3>(dk, dy, src, G, cq, ck, row_off, i);
+        case 5: return conv_grad_row_impl<A, 5>(dk, dy, src, G, cq, ck, row_off, i);
+        case 7: return conv_grad_row_impl<A, 7>(dk, dy, src, G, cq, ck, row_off, i);
+        case 9: return conv_grad_row_impl<A, 9>(dk, dy, src, G, cq, ck, row_off, i);
+        case 11: return conv_grad_row_impl<A, 11>(dk, dy, src, G, cq, ck, row_off, i);
+        default: return conv_grad_row_impl<A, 0>(dk, dy, src, G, cq, ck, row_off, i);
+    }
+}
+
+// p = softmax of y over keys 0 .. i, 0 after (up to clean_end). y may be p.
+template <class A>
+void softmax_row(const float* y, float* p, index_t i, index_t clean_end) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    const index_t n = i + 1, nv = n / W * W;
+    V mv(kNegInf);
+    for (index_t j = 0; j < nv; j += W) mv = simd::max(mv, simd::loadu<A>(y + j));
+    float mx = nv > 0 ? simd::hmax(mv) : kNegInf;
+    for (index_t j = nv; j < n; ++j) mx = std::max(mx, y[j]);
+    V sv(0.0f);
+    const V m(mx);
+    for (index_t j = 0; j < nv; j += W) {
+        const V e = simd::exp(simd::loadu<A>(y + j) - m);
+        simd::storeu(p + j, e);
+        sv = sv + e;
+    }
+    float sum = simd::hsum(sv);
+    for (index_t j = nv; j < n; ++j) {
+        p[j] = std::exp(y[j] - mx);
+        sum += p[j];
+    }
+    const V inv(1.0f / sum);
+    for (index_t j = 0; j < nv; j += W) simd::storeu(p + j, simd::loadu<A>(p + j) * inv);
+    for (index_t j = nv; j < n; ++j) p[j] *= 1.0f / sum;
+    std::fill(p + n, p + clean_end, 0.0f);
+}
+
+// dy = p (dp - <p, dp>) over keys 0 .. i, 0 after; in place in dp.
+template <class A>
+void softmax_grad_row(const float* p, float* dp, index_t i, index_t clean_end) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    const index_t n = i + 1, nv = n / W * W;
+    const float s = simd::dot<A>(p, dp, n);
+    const V sv(s);
+    for (index_t j = 0; j < nv; j += W) {
+        const V pv = simd::loadu<A>(p + j);
+        simd::storeu(dp + j, pv * (simd::loadu<A>(dp + j) - sv));
+    }
+    for (index_t j = nv; j < n; ++j) dp[j] = p[j] * (dp[j] - s);
+    std::fill(dp + n, dp + clean_end, 0.0f);
+}
+
+}  // namespace mta
+}  // namespace detail
+}  // namespace attnkit
