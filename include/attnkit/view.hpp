@@ -127,6 +127,18 @@ struct view {
     }
 };
 
+// Where the e-th element in row-major order sits, in elements from v.data: lets code that keeps
+// a flat, dense copy of a tensor (a gradient accumulated in double, say) read or write any view.
+template <class T, int N>
+index_t element_offset(const view<T, N>& v, index_t e) {
+    index_t off = 0;
+    for (int a = N - 1; a >= 0; --a) {
+        off += (e % v.dims[a]) * v.strides[a];
+        e /= v.dims[a];
+    }
+    return off;
+}
+
 // "[2, 7, 4, 64]" for error messages.
 template <class T, int N>
 std::string shape_string(const view<T, N>& v) {

@@ -73,16 +73,7 @@ std::vector<double> to_double(const view<const float, N>& w) {
     std::vector<double> d;
     if (w.data == nullptr) return d;
     const index_t n = w.size();
-    std::array<index_t, N> ix{};
-    for (index_t e = 0; e < n; ++e) {
-        index_t off = 0, rest = e;
-        for (int a = N - 1; a >= 0; --a) {
-            ix[a] = rest % w.dims[a];
-            rest /= w.dims[a];
-            off += ix[a] * w.strides[a];
-        }
-        d.push_back(static_cast<double>(w.data[off]));
-    }
+    for (index_t e = 0; e < n; ++e) d.push_back(static_cast<double>(w.data[element_offset(w, e)]));
     return d;
 }
 
@@ -375,16 +366,8 @@ dgrads backward(const view<const TQ, 4>& q, const view<const TK, 4>& k, const vi
 template <int N>
 void store(const std::vector<double>& src, const view<float, N>& dst) {
     if (dst.data == nullptr) return;
-    std::array<index_t, N> ix{};
-    for (index_t e = 0; e < dst.size(); ++e) {
-        index_t off = 0, rest = e;
-        for (int a = N - 1; a >= 0; --a) {
-            ix[a] = rest % dst.dims[a];
-            rest /= dst.dims[a];
-            off += ix[a] * dst.strides[a];
-        }
-        dst.data[off] = static_cast<float>(src[static_cast<std::size_t>(e)]);
-    }
+    for (index_t e = 0; e < dst.size(); ++e)
+        dst.data[element_offset(dst, e)] = static_cast<float>(src[static_cast<std::size_t>(e)]);
 }
 
 template <class TQ, class TK, class TV, class TO, class TD, class TG>

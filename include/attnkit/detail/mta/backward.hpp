@@ -165,16 +165,8 @@ class backward_runner {
     template <int N>
     static void store(const std::vector<double>& src, const view<float, N>& dst) {
         if (dst.data == nullptr) return;
-        std::array<index_t, N> ix{};
-        for (index_t e = 0; e < dst.size(); ++e) {
-            index_t off = 0, rest = e;
-            for (int a = N - 1; a >= 0; --a) {
-                ix[a] = rest % dst.dims[a];
-                rest /= dst.dims[a];
-                off += ix[a] * dst.strides[a];
-            }
-            dst.data[off] = static_cast<float>(src[static_cast<std::size_t>(e)]);
-        }
+        for (index_t e = 0; e < dst.size(); ++e)
+            dst.data[element_offset(dst, e)] = static_cast<float>(src[static_cast<std::size_t>(e)]);
     }
 
     int take() {

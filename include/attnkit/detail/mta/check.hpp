@@ -71,15 +71,23 @@ inline shape check_options(const mta_options& o, const attention_shape& s) {
     return r;
 }
 
-// q, k, v, out of one call: the softmax checks, then Lq == Lk (MTA is causal self-attention).
-template <class TQ, class TK, class TV, class TO>
-shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v, const view<TO, 4>& out,
-                 const mta_options& o) {
+// q, k, v of a forward or backward call: the softmax checks, then Lq == Lk (MTA is causal
+// self-attention).
+template <class TQ, class TK, class TV>
+attention_shape check_self_qkv(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v) {
     const attention_shape s = check_qkv(q, k, v);
     if (s.len_q != s.len_k)
         fail("q, k: multi-token attention needs Lq == Lk (causal self-attention), got q " + shape_string(q) +
              ", k " + shape_string(k));
     check_max_keys("k", s.len_k, "keys per call", "Lk", k);
+    return s;
+}
+
+// q, k, v, out of one call.
+template <class TQ, class TK, class TV, class TO>
+shape check_call(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v, const view<TO, 4>& out,
+                 const mta_options& o) {
+    const attention_shape s = check_self_qkv(q, k, v);
     check_out("out", out, s);
     const shape r = check_options(o, s);
     // out shares memory with no input, not even as q itself: a query block re-reads the c_q - 1

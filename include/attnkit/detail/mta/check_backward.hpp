@@ -40,11 +40,7 @@ template <class TQ, class TK, class TV, class TO, class TD, class TG>
 shape check_backward(const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v, const view<TO, 4>& out,
                      const view<TD, 4>& d_out, const view<TG, 4>& d_q, const view<TG, 4>& d_k, const view<TG, 4>& d_v,
                      const mta_weight_grads& dw, const mta_options& o) {
-    const attention_shape s = check_qkv(q, k, v);
-    if (s.len_q != s.len_k)
-        fail("q, k: multi-token attention needs Lq == Lk (causal self-attention), got q " + shape_string(q) +
-             ", k " + shape_string(k));
-    check_max_keys("k", s.len_k, "keys per call", "Lk", k);
+    const attention_shape s = check_self_qkv(q, k, v);
     check_out("out", out, s);
     check_out("d_out", d_out, s);
     check_qkv_gradients(d_q, d_k, d_v, s);
