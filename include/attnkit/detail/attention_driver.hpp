@@ -27,6 +27,9 @@ struct forward_outputs {
     const float* sinks = nullptr;  // softmax overload of attention_forward: one logit per head
     // Value sets (attention_problem::n_sets): set t writes at out + t * out_set_stride (and lse).
     index_t out_set_stride = 0, lse_set_stride = 0;
+    // Packed rows (varlen, paged batches): item b's rows of out and lse start at sequence index
+    // out_start[b] of batch 0.
+    const std::int64_t* out_start = nullptr;
 };
 
 struct forward_plan {
@@ -68,7 +71,9 @@ forward_plan make_plan(const attention_shape& s, bool allow_row_path = true, ind
         const index_t want = (kTargetWorkItems + pl.n_items * n_sets - 1) / (pl.n_items * n_sets);
         pl.n_split = std::min(want, s.len_k / kMinSplitKeys);
     }
-    const index_t bk = tile_traits<A>::kBlockKeys;
+    // Pieces start on the kernel's block grid: the row kernel's blocks never straddle a page of
+    // a paged cache (row_kernel.hpp), and a paged call splits exactly as a contiguous one.
+    const index_t bk = pl.row_path ? kRowBlockKeys : tile_traits<A>::kBlockKeys;
     pl.split_len = (((s.len_k + pl.n_split - 1) / pl.n_split + bk - 1) / bk) * bk;
     if (pl.split_len == 0) pl.split_len = bk;
     pl.n_split = std::max<index_t>(1, (s.len_k + pl.split_len - 1) / pl.split_len);
@@ -86,6 +91,13 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
     const forward_plan pl = make_plan<A>(s, n_sets == 1, n_sets);
     const index_t Dv = s.dim_v;
 
+    // Item it's rows: a varlen or paged batch's item has its own query count (rows past it do
+    // not exist; an item with none is skipped).
+    auto item = [&](index_t it) {
+        row_block rb = pl.item(s, it);
+        rb.n_pos = std::max<index_t>(0, std::min(rb.n_pos, p.query_len(rb.b) - rb.i0));
+        return rb;
+    };
     scratch_slots scratch;
     // emit(set, r, o, summary) for every row of the item, under policy `rp` (pol or its rescaled()).
     auto run = [&](const auto& rp, const row_block& rb, index_t ks0, index_t ks1, auto&& emit) {
@@ -96,9 +108,10 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
             tile_kernel<A>(p, rp, rb, ks0, ks1, buf.get(), emit);
     };
     auto write = [&](const row_block& rb, index_t set, index_t r, const float* o, float summary) {
-        const index_t h = rb.head(r), i = rb.pos(r);
-        std::copy(o, o + Dv, fo.out.ptr(rb.b, i, h) + set * fo.out_set_stride);
-        if (fo.lse.data) fo.lse.ptr(rb.b, i, h)[set * fo.lse_set_stride] = summary;
+        const index_t h = rb.head(r);
+        const index_t b = fo.out_start ? 0 : rb.b, i = fo.out_start ? fo.out_start[rb.b] + rb.pos(r) : rb.pos(r);
+        std::copy(o, o + Dv, fo.out.ptr(b, i, h) + set * fo.out_set_stride);
+        if (fo.lse.data) fo.lse.ptr(b, i, h)[set * fo.lse_set_stride] = summary;
     };
     // A finished row that is not finite (an element, or its summary: a Taylor sum past FLT_MAX)
     // is held back: its item runs again with the rescaled policy (row_transform.hpp), and the
@@ -140,7 +153,8 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
 
     if (pl.n_split == 1) {
         parallel_for(pool, pl.n_items, [&](index_t it) {
-            const row_block rb = pl.item(s, it);
+            const row_block rb = item(it);
+            if (rb.n_pos == 0) return;
             held_rows held;
             run(pol, rb, 0, s.len_k, [&](index_t set, index_t r, float* o, float summary) {
                 pol.finish(o, summary, rb.head(r), Dv);
@@ -173,7 +187,8 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
     };
     parallel_for(pool, pl.n_items * pl.n_split, [&](index_t w) {
         const index_t it = w / pl.n_split, sp = w % pl.n_split;
-        const row_block rb = pl.item(s, it);
+        const row_block rb = item(it);
+        if (rb.n_pos == 0) return;
         const index_t ks0 = sp * pl.split_len, ks1 = std::min(s.len_k, ks0 + pl.split_len);
         run(pol, rb, ks0, ks1, [&](index_t set, index_t r, float* o, float summary) {
             const index_t at = part_row(it, sp, set, r);
@@ -195,7 +210,8 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
         return summary;
     };
     parallel_for(pool, pl.n_items, [&](index_t it) {
-        const row_block rb = pl.item(s, it);
+        const row_block rb = item(it);
+        if (rb.n_pos == 0) return;
         std::vector<float> o(static_cast<std::size_t>(Dv));
         held_rows held;
         auto row_of = [&](index_t sp, index_t set, index_t r) { return part_row(it, sp, set, r); };

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "attnkit/detail/check.hpp"
@@ -19,12 +21,41 @@
 namespace attnkit {
 namespace detail {
 
+// Rows of a [B, L, H, D] operand. Two other layouts address the same (b, l, h):
+//  - packed (varlen): item b's rows start at sequence index start[b] of one [1, total, H, D]
+//    tensor (FlashAttention's cu_seqlens); sb is unused;
+//  - paged (a KV cache): item b's row l sits in page table[b * table_stride + l / page_rows], at
+//    row l % page_rows of it, pages page_stride elements apart (vLLM's block table).
+// Kernels read rows in runs (runs(), run_end()): a run is contiguous with stride sl, so a kernel
+// that walks a block of rows by pointer arithmetic walks one run at a time and reads pages in
+// place, never gathered into a copy.
 template <class T>
 struct strided_rows_t {
     const T* data = nullptr;
     index_t sb = 0, sl = 0, sh = 0;  // strides of batch, sequence, head; the head dim is contiguous
+    const std::int64_t* start = nullptr;
+    const std::int32_t* table = nullptr;
+    index_t table_stride = 0, page_rows = 0, page_stride = 0;
 
-    const T* row(index_t b, index_t l, index_t h) const { return data + b * sb + l * sl + h * sh; }
+    const T* row(index_t b, index_t l, index_t h) const {
+        if (table)
+            return data + static_cast<index_t>(table[b * table_stride + l / page_rows]) * page_stride +
+                   (l % page_rows) * sl + h * sh;
+        return data + (start ? start[b] * sl : b * sb) + l * sl + h * sh;
+    }
+    // The end of the run that holds row l: rows [l, run_end(l)) are sl apart in memory.
+    index_t run_end(index_t l) const {
+        return table ? (l / page_rows + 1) * page_rows : std::numeric_limits<index_t>::max();
+    }
+    // fn(pointer to row l + i of head h, i, n) over rows [l, l + n) of item b, one run at a time.
+    template <class Fn>
+    void runs(index_t b, index_t l, index_t n, index_t h, Fn&& fn) const {
+        for (index_t i = 0; i < n;) {
+            const index_t m = std::min(n - i, run_end(l + i) - (l + i));
+            fn(row(b, l + i, h), i, m);
+            i += m;
+        }
+    }
 };
 using strided_rows = strided_rows_t<float>;
 
@@ -47,6 +78,10 @@ struct basic_attention_problem {
     bool causal = false;
     index_t window = -1, chunk = 0;
     const std::int64_t* key_lengths = nullptr;
+    // Per item query counts (varlen and paged batches; null: s.len_q each). With them, causal
+    // and window masks align each item bottom-right on its own lengths: query i of item b sits
+    // at key position key_len(b) - query_len(b) + i (FlashAttention's varlen rule).
+    const std::int64_t* query_lengths = nullptr;
     // Value sets: one score tile and row transform applied to n_sets value tensors, set t read
     // at v + t * v_set_stride (static QK: one fixed Q/K map, every batch item's V). Each set has
     // its own O^T accumulators and output rows; all share the row state (m, l).
@@ -60,8 +95,10 @@ struct basic_attention_problem {
         mp.window = window;
         mp.chunk = chunk;
         mp.key_len = key_lengths ? key_lengths[b] : s.len_k;
+        if (query_lengths) mp.offset = mp.key_len - query_lengths[b];
         return mp;
     }
+    index_t query_len(index_t b) const { return query_lengths ? query_lengths[b] : s.len_q; }
 };
 using attention_problem = basic_attention_problem<float>;
 

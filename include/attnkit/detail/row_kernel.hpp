@@ -239,11 +239,14 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         }
     }
 
-    const KT* k0 = p.k.row(rb.b, 0, rb.hk);
-    const VT* v0 = p.v.row(rb.b, 0, rb.hk);
     const index_t ksl = p.k.sl, ksh = p.k.sh, vsl = p.v.sl, vsh = p.v.sh;
-    for (index_t j0 = min_lo; j0 < max_hi; j0 += BK) {
-        const index_t nk = std::min(BK, max_hi - j0);
+    // Blocks end on multiples of BK: a page of a paged cache holds whole blocks (page_rows is a
+    // multiple of BK), so each block is one run of K and of V rows, addressed from its first row.
+    for (index_t j0 = min_lo, j1; j0 < max_hi; j0 = j1) {
+        j1 = std::min(max_hi, (j0 / BK + 1) * BK);
+        const index_t nk = j1 - j0;
+        const KT* kb = p.k.row(rb.b, j0, rb.hk);
+        const VT* vb = p.v.row(rb.b, j0, rb.hk);
         auto active = [&](index_t r) { return j0 < hi[r] && j0 + nk > lo[r]; };
 
         // Scores, KG keys at a time, head by head; K rows shared by a head's rows. The KG keys
@@ -251,14 +254,14 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         const index_t sj = nk / KG;
         for (index_t t = 0; t < sj; ++t) {
             for (index_t h = 0; h < rb.n_hk; ++h) {
-                const KT* kr = k0 + (j0 + t) * ksl + h * ksh;
+                const KT* kr = kb + t * ksl + h * ksh;
                 for (index_t r = h * RH; r < (h + 1) * RH; ++r)
                     if (active(r)) score_keys<A>(qs + r * Dp, qx_row(r), kr, sj * ksl, D, sc + r * BK + t, sj);
             }
         }
         for (index_t j = sj * KG; j < nk; ++j)
             for (index_t h = 0; h < rb.n_hk; ++h) {
-                const KT* kr = k0 + (j0 + j) * ksl + h * ksh;
+                const KT* kr = kb + j * ksl + h * ksh;
                 for (index_t r = h * RH; r < (h + 1) * RH; ++r)
                     if (active(r)) sc[r * BK + j] = score_key<A>(qs + r * Dp, qx_row(r), kr, D);
             }
@@ -280,7 +283,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         for (index_t t = 0; t < sv; ++t) {
             const index_t key = j0 + t, last = key + (KU - 1) * sv;
             for (index_t h = 0; h < rb.n_hk; ++h) {
-                const VT* vr = v0 + key * vsl + h * vsh;
+                const VT* vr = vb + (key - j0) * vsl + h * vsh;
                 for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
                     const float* pr = sc + r * BK + t;
                     if (lo[r] <= key && hi[r] > last) {
@@ -296,7 +299,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         for (index_t j = sv * KU; j < nk; ++j) {
             const index_t key = j0 + j;
             for (index_t h = 0; h < rb.n_hk; ++h) {
-                const VT* vr = v0 + key * vsl + h * vsh;
+                const VT* vr = vb + (key - j0) * vsl + h * vsh;
                 for (index_t r = h * RH; r < (h + 1) * RH; ++r)
                     if (key >= lo[r] && key < hi[r]) axpy<A>(o + r * Dv, sc[r * BK + j], vr, Dv);
             }

@@ -82,25 +82,33 @@ void tile_kernel(const basic_attention_problem<KVT, QT>& p, const Policy& pol, c
 
     if (k_lo < k_hi) {
         const index_t n_blocks = (k_hi - k_lo + BK - 1) / BK;
-        const KVT* kb0 = p.k.row(rb.b, 0, rb.hk);
-        const KVT* vb0 = p.v.row(rb.b, 0, rb.hk);
         std::vector<char> v_finite(static_cast<std::size_t>(n_sets));  // per set: its V tile is finite
         // Last block first: under causal and window masks the partial blocks sit at the ends of
         // the range, and the blocks between them run without per-element mask tests.
         for (index_t bi = n_blocks - 1; bi >= 0; --bi) {
             const index_t j0 = k_lo + bi * BK, j1 = std::min(j0 + BK, k_hi), nk = j1 - j0;
-            copy_rows(kb0 + j0 * p.k.sl, p.k.sl, nk, D, D, kp);
+            // K and V rows are read in runs (attention_problem.hpp): one for a strided tensor,
+            // one per page of a paged cache.
+            p.k.runs(rb.b, j0, nk, rb.hk, [&](const KVT* src, index_t i, index_t n) {
+                copy_rows(src, p.k.sl, n, D, D, kp + i * D);
+            });
             for (index_t set = 0; set < n_sets; ++set) {
                 float* vps = vp + set * vp_size;
-                copy_rows(vb0 + set * p.v_set_stride + j0 * p.v.sl, p.v.sl, nk, Dv, dv_pad, vps);
+                p.v.runs(rb.b, j0, nk, rb.hk, [&](const KVT* src, index_t i, index_t n) {
+                    copy_rows(src + set * p.v_set_stride, p.v.sl, n, Dv, dv_pad, vps + i * dv_pad);
+                });
                 v_finite[static_cast<std::size_t>(set)] = all_finite<A>(vps, nk * dv_pad);
             }
             for (index_t t = 0; t < n_panels; ++t) {
                 if (bi > 0) {
                     const index_t a = t * BK / n_panels, z = (t + 1) * BK / n_panels;
-                    prefetch_rows(kb0 + (j0 - BK) * p.k.sl, p.k.sl, a, z, D);
+                    p.k.runs(rb.b, j0 - BK + a, z - a, rb.hk, [&](const KVT* src, index_t, index_t n) {
+                        prefetch_rows(src, p.k.sl, 0, n, D);
+                    });
                     for (index_t set = 0; set < n_sets; ++set)
-                        prefetch_rows(vb0 + set * p.v_set_stride + (j0 - BK) * p.v.sl, p.v.sl, a, z, Dv);
+                        p.v.runs(rb.b, j0 - BK + a, z - a, rb.hk, [&](const KVT* src, index_t, index_t n) {
+                            prefetch_rows(src + set * p.v_set_stride, p.v.sl, 0, n, Dv);
+                        });
                 }
                 // Only the keys some row of this panel sees: on the causal diagonal this trims
                 // the block to the panel's rows instead of computing scores to be masked.

@@ -1,0 +1,83 @@
+// Ragged batches on the one engine: packed query rows (FlashAttention's cu_seqlens) and packed or
+// paged K/V (attention_problem.hpp's row layouts), each item aligned bottom-right on its own
+// lengths. varlen_attention.hpp and paged_attention.hpp check their arguments and call
+// packed_forward.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "attnkit/detail/attention_driver.hpp"
+#include "attnkit/detail/check.hpp"
+#include "attnkit/options.hpp"
+#include "attnkit/view.hpp"
+
+namespace attnkit {
+namespace detail {
+
+// A rank-3 [T, H, D] view as the rank-4 [1, T, H, D] view the engine and its checks take.
+template <class T>
+view<T, 4> as_batch_of_one(const view<T, 3>& x) {
+    return view<T, 4>(x.data, {1, x.dims[0], x.dims[1], x.dims[2]},
+                      {x.dims[0] * x.strides[0], x.strides[0], x.strides[1], x.strides[2]});
+}
+template <class T>
+view<T, 3> as_batch_of_one(const view<T, 2>& x) {
+    return view<T, 3>(x.data, {1, x.dims[0], x.dims[1]}, {x.dims[0] * x.strides[0], x.strides[0], x.strides[1]});
+}
+
+// cu [B + 1]: 0 = cu[0] <= cu[1] <= ... <= cu[B] = total (the rows of `tensor`). Returns the
+// lengths cu[b + 1] - cu[b].
+inline std::vector<std::int64_t> check_cu_seqlens(const char* name, const std::vector<std::int64_t>& cu,
+                                                  index_t total, const char* tensor, const std::string& shape) {
+    if (cu.empty()) fail(std::string(name) + ": expected B + 1 offsets starting at 0, got none");
+    if (cu.front() != 0) fail(std::string(name) + "[0]: expected 0, got " + number(cu.front()));
+    std::vector<std::int64_t> len(cu.size() - 1);
+    for (std::size_t b = 0; b + 1 < cu.size(); ++b) {
+        if (cu[b + 1] < cu[b])
+            fail(std::string(name) + ": expected non-decreasing offsets, got " + name + "[" + number(b) +
+                 "] = " + number(cu[b]) + " > " + name + "[" + number(b + 1) + "] = " + number(cu[b + 1]));
+        len[b] = cu[b + 1] - cu[b];
+    }
+    if (cu.back() != total)
+        fail(std::string(name) + ": the last offset must be the row count of " + tensor + " " + shape + ", " +
+             number(total) + ", got " + number(cu.back()));
+    return len;
+}
+
+// What a packed call adds to softmax_options' checks: per-sequence lengths replace key_lengths.
+inline void check_packed_options(const softmax_options& o, const attention_shape& s) {
+    if (!o.key_lengths.empty())
+        fail("opts.key_lengths: expected empty (a packed batch's key counts are its sequence lengths), got " +
+             number(o.key_lengths.size()) + " values");
+    check_options(o, s);
+}
+
+// One forward call over B items of a ragged batch: item b's query rows start at row q_start[b]
+// of q (and of out, lse), it has q_len[b] of them and k_len[b] keys. k and v arrive with their
+// row layout set (packed or paged); s holds the largest lengths.
+template <class A, class KVT, class QT>
+void packed_forward(const view<const QT, 4>& q, const strided_rows_t<KVT>& k, const strided_rows_t<KVT>& v,
+                    const attention_shape& s, const std::vector<std::int64_t>& q_start,
+                    const std::vector<std::int64_t>& q_len, const std::vector<std::int64_t>& k_len,
+                    const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
+    const view<const KVT, 4> none;
+    softmax_options o = opts;
+    o.key_lengths.clear();
+    basic_attention_problem<KVT, QT> p = make_problem(q, none, none, s, o);
+    p.q.start = q_start.data();
+    p.k = k;
+    p.v = v;
+    p.key_lengths = k_len.data();
+    p.query_lengths = q_len.data();
+    forward_outputs fo;
+    fo.out = out;
+    if (lse) fo.lse = *lse;
+    fo.out_start = q_start.data();
+    fo.sinks = opts.sinks.empty() ? nullptr : opts.sinks.data();
+    attention_forward<A>(p, fo, opts.pool);
+}
+
+}  // namespace detail
+}  // namespace attnkit
