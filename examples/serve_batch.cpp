@@ -24,7 +24,8 @@ constexpr index_t kLayers = 2, kHeads = 8, kHeadsKv = 2, kDim = 64, kModel = kHe
 constexpr index_t kTokenBudget = 256;  // new tokens per step (prefill chunks + decode tokens)
 
 struct request {
-    index_t arrival = 0, prompt = 0, generate = 0;  // step it arrives, prompt tokens, tokens to generate
+    index_t arrival = 0, prompt = 0,
+            generate = 0;  // step it arrives, prompt tokens, tokens to generate
     index_t id = -1, prefilled = 0, generated = 0;
     std::vector<float> hidden;  // the hidden state of its next input token (the stand-in's output)
 };
@@ -37,8 +38,10 @@ int main() {
     std::vector<matrix> wq, wk, wv;
     for (index_t l = 0; l < kLayers; ++l) {
         wq.push_back(matrix::NullaryExpr(kModel, kHeads * kDim, [&] { return 0.05f * n01(gen); }));
-        wk.push_back(matrix::NullaryExpr(kModel, kHeadsKv * kDim, [&] { return 0.05f * n01(gen); }));
-        wv.push_back(matrix::NullaryExpr(kModel, kHeadsKv * kDim, [&] { return 0.05f * n01(gen); }));
+        wk.push_back(
+            matrix::NullaryExpr(kModel, kHeadsKv * kDim, [&] { return 0.05f * n01(gen); }));
+        wv.push_back(
+            matrix::NullaryExpr(kModel, kHeadsKv * kDim, [&] { return 0.05f * n01(gen); }));
     }
 
     attnkit::kv_cache_config cfg;
@@ -73,7 +76,9 @@ int main() {
         std::vector<index_t> new_tokens;
         // Pages are promised to a request at admission, for its prompt and its whole generation,
         // so that a running sequence never finds the cache full.
-        auto pages_for = [&](const request& r) { return (r.prompt + r.generate + cfg.page_rows - 1) / cfg.page_rows; };
+        auto pages_for = [&](const request& r) {
+            return (r.prompt + r.generate + cfg.page_rows - 1) / cfg.page_rows;
+        };
         index_t budget = kTokenBudget, pages_left = cache.free_pages();
         for (const request& r : requests)
             if (r.id >= 0 && r.generated < r.generate)
@@ -108,25 +113,30 @@ int main() {
         for (std::size_t i = 0; i < batch.size(); ++i) {
             for (std::int64_t t = step.kv.cu_seqlens_q[i]; t < step.kv.cu_seqlens_q[i + 1]; ++t)
                 for (index_t c = 0; c < kModel; ++c)
-                    x(t, c) = batch[i]->prefilled < batch[i]->prompt ? n01(gen) : batch[i]->hidden[c];
+                    x(t, c) =
+                        batch[i]->prefilled < batch[i]->prompt ? n01(gen) : batch[i]->hidden[c];
         }
         for (index_t l = 0; l < kLayers; ++l) {
             matrix q = x * wq[l], k = x * wk[l], v = x * wv[l];
-            attnkit::model::rope(attnkit::view<float, 4>(q.data(), {1, T, kHeads, kDim}), step.positions_tensor(),
-                                 rope);
+            attnkit::model::rope(attnkit::view<float, 4>(q.data(), {1, T, kHeads, kDim}),
+                                 step.positions_tensor(), rope);
             cache.append(l, step, attnkit::view<const float, 3>(k.data(), {T, kHeadsKv, kDim}),
                          attnkit::view<const float, 3>(v.data(), {T, kHeadsKv, kDim}), rope);
             matrix out(T, kModel);
             const attnkit::view<const float, 3> qv(q.data(), {T, kHeads, kDim});
-            cache.attention(l, step, qv, attnkit::view<float, 3>(out.data(), {T, kHeads, kDim}), opts);
-            if (l == 0 && steps % 25 == 0) {  // now and then, the oracle on the same pages (untimed)
+            cache.attention(l, step, qv, attnkit::view<float, 3>(out.data(), {T, kHeads, kDim}),
+                            opts);
+            if (l == 0 &&
+                steps % 25 == 0) {  // now and then, the oracle on the same pages (untimed)
                 const auto c0 = std::chrono::steady_clock::now();
                 packed<double> ref(T, kHeads, kDim);
-                attnkit::reference::paged_attention(qv, cache.k_pages(l), cache.v_pages(l), step.kv, ref, opts);
+                attnkit::reference::paged_attention(qv, cache.k_pages(l), cache.v_pages(l), step.kv,
+                                                    ref, opts);
                 for (index_t t = 0; t < T; ++t)
                     for (index_t c = 0; c < kModel; ++c)
                         worst = std::max(worst, std::fabs(out(t, c) - ref.data()[t * kModel + c]));
-                check_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+                check_seconds +=
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
             }
             x += out;  // residual
         }
@@ -146,10 +156,14 @@ int main() {
         }
     }
     const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - check_seconds;
-    std::printf("%zu requests, %ld steps, %ld tokens in %.3f s: %.0f tokens/s; peak %ld of %ld pages in use\n",
-                requests.size(), static_cast<long>(steps), static_cast<long>(tokens), seconds, tokens / seconds,
-                static_cast<long>(peak_pages), static_cast<long>(cfg.pages));
-    std::printf("attention against the reference on the same bf16 pages: max |difference| = %.3g\n", worst);
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+        check_seconds;
+    std::printf(
+        "%zu requests, %ld steps, %ld tokens in %.3f s: %.0f tokens/s; peak %ld of %ld pages in "
+        "use\n",
+        requests.size(), static_cast<long>(steps), static_cast<long>(tokens), seconds,
+        tokens / seconds, static_cast<long>(peak_pages), static_cast<long>(cfg.pages));
+    std::printf("attention against the reference on the same bf16 pages: max |difference| = %.3g\n",
+                worst);
     return worst < 1e-3 ? 0 : 1;
 }

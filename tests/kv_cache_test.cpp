@@ -64,12 +64,15 @@ void append_step(kv_cache<T>& cache, dense_model<T>& m, const kv_step& st, std::
     const index_t Tq = st.tokens();
     for (index_t layer = 0; layer < 2; ++layer) {
         packed<float> kn(Tq, kHk, kD), vn(Tq, kHk, kDv);
-        fill_random(kn.data(), static_cast<std::size_t>(kn.size()), distribution::uniform, seed + 10 * layer);
-        fill_random(vn.data(), static_cast<std::size_t>(vn.size()), distribution::uniform, seed + 10 * layer + 1);
+        fill_random(kn.data(), static_cast<std::size_t>(kn.size()), distribution::uniform,
+                    seed + 10 * layer);
+        fill_random(vn.data(), static_cast<std::size_t>(vn.size()), distribution::uniform,
+                    seed + 10 * layer + 1);
         packed<float> rotated = kn;
         if (rope) {
             cache.append(layer, st, kn, vn, *rope);
-            attnkit::model::rope(attnkit::view<float, 4>(rotated.data(), {1, Tq, kHk, kD}), st.positions_tensor(), *rope);
+            attnkit::model::rope(attnkit::view<float, 4>(rotated.data(), {1, Tq, kHk, kD}),
+                                 st.positions_tensor(), *rope);
         } else {
             cache.append(layer, st, kn, vn);
         }
@@ -99,19 +102,23 @@ template <class T>
             const index_t id = entry.first;
             const auto& rows = entry.second;
             if (cache.length(id) != static_cast<index_t>(rows.size()))
-                return ::testing::AssertionFailure() << "sequence " << id << ": length " << cache.length(id)
-                                                     << ", model " << rows.size();
+                return ::testing::AssertionFailure()
+                       << "sequence " << id << ": length " << cache.length(id) << ", model "
+                       << rows.size();
             const auto& pages = cache.pages_of(id);
             for (index_t j = 0; j < cache.length(id); ++j) {
                 const index_t pg = pages[static_cast<std::size_t>(j / 64)], r = j % 64;
                 for (index_t h = 0; h < kHk; ++h) {
                     for (index_t d = 0; d < kD; ++d)
-                        if (static_cast<double>(static_cast<float>(*kp.ptr(pg, r, h, d))) != rows[j][h * kD + d])
-                            return ::testing::AssertionFailure() << "K of sequence " << id << " row " << j;
+                        if (static_cast<double>(static_cast<float>(*kp.ptr(pg, r, h, d))) !=
+                            rows[j][h * kD + d])
+                            return ::testing::AssertionFailure()
+                                   << "K of sequence " << id << " row " << j;
                     for (index_t d = 0; d < kDv; ++d)
                         if (static_cast<double>(static_cast<float>(*vp.ptr(pg, r, h, d))) !=
                             m.v[layer].at(id)[j][h * kDv + d])
-                            return ::testing::AssertionFailure() << "V of sequence " << id << " row " << j;
+                            return ::testing::AssertionFailure()
+                                   << "V of sequence " << id << " row " << j;
                 }
             }
         }
@@ -121,7 +128,8 @@ template <class T>
 
 // Attention of a step's queries over the cache against the reference on the model's rows.
 template <class T>
-void expect_attention_matches(const kv_cache<T>& cache, const dense_model<T>& m, const kv_step& st, index_t layer) {
+void expect_attention_matches(const kv_cache<T>& cache, const dense_model<T>& m, const kv_step& st,
+                              index_t layer) {
     const index_t Tq = st.tokens();
     packed<float> q(Tq, kH, kD), out(Tq, kH, kDv);
     fill_random(q.data(), static_cast<std::size_t>(q.size()), distribution::uniform, 99);
@@ -129,15 +137,18 @@ void expect_attention_matches(const kv_cache<T>& cache, const dense_model<T>& m,
     o.causal = true;
     cache.attention(layer, st, q, out, o);
     std::vector<std::int64_t> cu_k(1, 0);
-    for (const index_t id : st.seqs) cu_k.push_back(cu_k.back() + static_cast<std::int64_t>(m.k[layer].at(id).size()));
+    for (const index_t id : st.seqs)
+        cu_k.push_back(cu_k.back() + static_cast<std::int64_t>(m.k[layer].at(id).size()));
     packed<double> k(cu_k.back(), kHk, kD), v(cu_k.back(), kHk, kDv), ro(Tq, kH, kDv);
     for (std::size_t i = 0; i < st.seqs.size(); ++i) {
         const auto& ks = m.k[layer].at(st.seqs[i]);
         const auto& vs = m.v[layer].at(st.seqs[i]);
         for (std::size_t j = 0; j < ks.size(); ++j)
             for (index_t h = 0; h < kHk; ++h) {
-                for (index_t d = 0; d < kD; ++d) k(cu_k[i] + static_cast<index_t>(j), h, d) = ks[j][h * kD + d];
-                for (index_t d = 0; d < kDv; ++d) v(cu_k[i] + static_cast<index_t>(j), h, d) = vs[j][h * kDv + d];
+                for (index_t d = 0; d < kD; ++d)
+                    k(cu_k[i] + static_cast<index_t>(j), h, d) = ks[j][h * kD + d];
+                for (index_t d = 0; d < kDv; ++d)
+                    v(cu_k[i] + static_cast<index_t>(j), h, d) = vs[j][h * kDv + d];
             }
     }
     attnkit::reference::softmax_attention_varlen(q, k, v, st.kv.cu_seqlens_q, cu_k, ro, o);
@@ -225,20 +236,34 @@ TEST(kv_cache_errors, leave_the_cache_unchanged) {
         EXPECT_EQ(cache.length(b), 10);
         EXPECT_TRUE(same_contents(cache, m));
     };
-    expect_invalid([&] { cache.begin_step({a, b}, {200, 1}); }, "the step needs 3 more pages of 64 tokens, 1 are free");
+    expect_invalid(
+        [&] {
+            cache.begin_step({a, b}, {200, 1});
+        },
+        "the step needs 3 more pages of 64 tokens, 1 are free");
     unchanged();
-    expect_invalid([&] { cache.begin_step({a, a}, {1, 1}); }, "seqs[1]: sequence 0 is also seqs[0]");
+    expect_invalid(
+        [&] {
+            cache.begin_step({a, a}, {1, 1});
+        },
+        "seqs[1]: sequence 0 is also seqs[0]");
     expect_invalid([&] { cache.begin_step({a, 7}, {1, 1}); }, "seqs[1]: no live sequence 7");
     expect_invalid([&] { cache.begin_step({a}, {-1}); }, "new_tokens[0]: expected 0 <= n");
-    expect_invalid([&] { cache.begin_step({a}, {1, 2}); }, "new_tokens: expected one count per sequence");
-    expect_invalid([&] { cache.truncate(b, 11); }, "length: expected 0 <= length <= the sequence's length 10");
+    expect_invalid(
+        [&] {
+            cache.begin_step({a}, {1, 2});
+        },
+        "new_tokens: expected one count per sequence");
+    expect_invalid([&] { cache.truncate(b, 11); },
+                   "length: expected 0 <= length <= the sequence's length 10");
     unchanged();
 
     const kv_step step = cache.begin_step({b}, {1});  // b: 11 tokens
     packed<float> kn(1, kHk, kD), vn(1, kHk, kDv), wrong(2, kHk, kD);
     kn.setConstant(1.0f);
     vn.setConstant(1.0f);
-    expect_invalid([&] { cache.append(0, step, wrong, vn); }, "k_new: expected shape [Tq, Hk, D] = [1, 2, 24]");
+    expect_invalid([&] { cache.append(0, step, wrong, vn); },
+                   "k_new: expected shape [Tq, Hk, D] = [1, 2, 24]");
     expect_invalid([&] { cache.append(2, step, kn, vn); }, "layer: expected 0 <= layer < 2");
     expect_invalid([&] { cache.append(0, st, kn, vn); }, "step: not the cache's current step");
     packed<float> q(1, kH, kD), out(1, kH, kDv);
@@ -251,7 +276,8 @@ TEST(kv_cache_errors, leave_the_cache_unchanged) {
 
     kv_cache_config bad = small_config(4);
     bad.page_rows = 48;
-    expect_invalid([&] { kv_cache<float> c(bad); }, "config.page_rows: expected a positive multiple of 64");
+    expect_invalid([&] { kv_cache<float> c(bad); },
+                   "config.page_rows: expected a positive multiple of 64");
     bad = small_config(1 << 20);
     bad.heads_kv = std::int64_t(1) << 40;
     expect_invalid([&] { kv_cache<float> c(bad); }, "overflows int64 bytes");

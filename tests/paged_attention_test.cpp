@@ -57,8 +57,8 @@ struct layout {
     index_t n_pages = 0;
 };
 
-layout make_layout(const std::vector<std::int64_t>& q_len, const std::vector<std::int64_t>& k_len, index_t page_rows,
-                   std::uint32_t seed) {
+layout make_layout(const std::vector<std::int64_t>& q_len, const std::vector<std::int64_t>& k_len,
+                   index_t page_rows, std::uint32_t seed) {
     layout l;
     l.kv.cu_seqlens_q = offsets(q_len);
     l.kv.seq_lengths = k_len;
@@ -76,18 +76,19 @@ layout make_layout(const std::vector<std::int64_t>& q_len, const std::vector<std
     std::size_t next = 0;
     for (std::size_t b = 0; b < k_len.size(); ++b)
         for (index_t pg = 0; pg * page_rows < k_len[b]; ++pg)
-            l.kv.block_table[b * static_cast<std::size_t>(l.kv.pages_per_seq) + static_cast<std::size_t>(pg)] =
-                order[2 * next++];
+            l.kv.block_table[b * static_cast<std::size_t>(l.kv.pages_per_seq) +
+                             static_cast<std::size_t>(pg)] = order[2 * next++];
     return l;
 }
 
 template <class T>
-paged_copy<T> make_paged(const layout& l, const std::vector<std::int64_t>& k_len, index_t page_rows, index_t heads,
-                         index_t dim, std::uint64_t seed) {
+paged_copy<T> make_paged(const layout& l, const std::vector<std::int64_t>& k_len, index_t page_rows,
+                         index_t heads, index_t dim, std::uint64_t seed) {
     paged_copy<T> c;
     const auto cu = offsets(k_len);
     c.dense = packed<T>(cu.back(), heads, dim);
-    fill_random(c.dense.data(), static_cast<std::size_t>(c.dense.size()), distribution::uniform, seed);
+    fill_random(c.dense.data(), static_cast<std::size_t>(c.dense.size()), distribution::uniform,
+                seed);
     c.pages = tensor4<T>(l.n_pages, page_rows, heads, dim);
     c.pages.setConstant(T(std::nanf("")));
     for (std::size_t b = 0; b < k_len.size(); ++b)
@@ -95,7 +96,8 @@ paged_copy<T> make_paged(const layout& l, const std::vector<std::int64_t>& k_len
             const index_t pg = l.kv.block_table[b * static_cast<std::size_t>(l.kv.pages_per_seq) +
                                                 static_cast<std::size_t>(j / page_rows)];
             for (index_t h = 0; h < heads; ++h)
-                for (index_t d = 0; d < dim; ++d) c.pages(pg, j % page_rows, h, d) = c.dense(cu[b] + j, h, d);
+                for (index_t d = 0; d < dim; ++d)
+                    c.pages(pg, j % page_rows, h, d) = c.dense(cu[b] + j, h, d);
         }
     return c;
 }
@@ -130,7 +132,8 @@ void check_paged(const paged_case& c) {
     packed<float> out(Tq, c.heads, c.dim), want(Tq, c.heads, c.dim);
     lse2 lse(Tq, c.heads), want_lse(Tq, c.heads);
     attnkit::paged_attention(q, k.pages, v.pages, l.kv, out, lse, o);
-    attnkit::softmax_attention_varlen(q, k.dense, v.dense, l.kv.cu_seqlens_q, offsets(c.k_len), want, want_lse, o);
+    attnkit::softmax_attention_varlen(q, k.dense, v.dense, l.kv.cu_seqlens_q, offsets(c.k_len),
+                                      want, want_lse, o);
     EXPECT_TRUE(same_bits(out.data(), want.data(), out.size())) << "paged differs from packed";
     EXPECT_TRUE(same_bits(lse.data(), want_lse.data(), lse.size()));
 

@@ -10,10 +10,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attnkit/reference/varlen_attention.hpp"
@@ -74,7 +74,8 @@ void check_against_reference(const varlen_case& c) {
     o.chunk = c.chunk;
     o.softcap = c.softcap;
     if (c.sinks)
-        for (index_t h = 0; h < c.heads; ++h) o.sinks.push_back(0.25f * static_cast<float>(h) - 0.5f);
+        for (index_t h = 0; h < c.heads; ++h)
+            o.sinks.push_back(0.25f * static_cast<float>(h) - 0.5f);
 
     packed<float> out(Tq, c.heads, c.dim);
     lse2 lse(Tq, c.heads);
@@ -98,23 +99,52 @@ void check_against_reference(const varlen_case& c) {
     packed<float> out3(Tq, c.heads, c.dim);
     lse2 lse3(Tq, c.heads);
     attnkit::softmax_attention_varlen(q, k, v, cu_q, cu_k, out3, lse3, o3);
-    EXPECT_EQ(0, std::memcmp(out.data(), out3.data(), sizeof(float) * static_cast<std::size_t>(out.size())));
-    EXPECT_EQ(0, std::memcmp(lse.data(), lse3.data(), sizeof(float) * static_cast<std::size_t>(lse.size())));
+    EXPECT_EQ(0, std::memcmp(out.data(), out3.data(),
+                             sizeof(float) * static_cast<std::size_t>(out.size())));
+    EXPECT_EQ(0, std::memcmp(lse.data(), lse3.data(),
+                             sizeof(float) * static_cast<std::size_t>(lse.size())));
 }
 
 TEST_P(varlen, float_matches_per_sequence_reference) { check_against_reference<float>(GetParam()); }
-TEST_P(varlen, bfloat16_matches_per_sequence_reference) { check_against_reference<Eigen::bfloat16>(GetParam()); }
-TEST_P(varlen, half_matches_per_sequence_reference) { check_against_reference<Eigen::half>(GetParam()); }
+TEST_P(varlen, bfloat16_matches_per_sequence_reference) {
+    check_against_reference<Eigen::bfloat16>(GetParam());
+}
+TEST_P(varlen, half_matches_per_sequence_reference) {
+    check_against_reference<Eigen::half>(GetParam());
+}
 
 INSTANTIATE_TEST_SUITE_P(
     cases, varlen,
     ::testing::Values(
-        varlen_case{"prompts", {5, 64, 1, 97, 130}, {5, 64, 1, 97, 130}, 4, 2, 32, true, -1, 0, 0.0f, false},
+        varlen_case{"prompts",
+                    {5, 64, 1, 97, 130},
+                    {5, 64, 1, 97, 130},
+                    4,
+                    2,
+                    32,
+                    true,
+                    -1,
+                    0,
+                    0.0f,
+                    false},
         varlen_case{"not_causal", {7, 33, 65}, {9, 40, 200}, 2, 1, 16, false, -1, 0, 0.0f, false},
-        varlen_case{"chunked_prefill", {64, 100, 31}, {300, 100, 500}, 4, 4, 24, true, -1, 0, 0.0f, false},
-        varlen_case{"speculative", {4, 4, 3, 5}, {70, 1000, 129, 4}, 8, 2, 64, true, -1, 0, 0.0f, false},
-        varlen_case{"decode", {1, 1, 1, 1, 1, 1}, {1, 63, 64, 65, 777, 2049}, 8, 2, 128, true, -1, 0, 0.0f, false},
-        varlen_case{"decode_window", {1, 1, 1}, {100, 3000, 50}, 4, 1, 40, true, 70, 0, 0.0f, false},
+        varlen_case{
+            "chunked_prefill", {64, 100, 31}, {300, 100, 500}, 4, 4, 24, true, -1, 0, 0.0f, false},
+        varlen_case{
+            "speculative", {4, 4, 3, 5}, {70, 1000, 129, 4}, 8, 2, 64, true, -1, 0, 0.0f, false},
+        varlen_case{"decode",
+                    {1, 1, 1, 1, 1, 1},
+                    {1, 63, 64, 65, 777, 2049},
+                    8,
+                    2,
+                    128,
+                    true,
+                    -1,
+                    0,
+                    0.0f,
+                    false},
+        varlen_case{
+            "decode_window", {1, 1, 1}, {100, 3000, 50}, 4, 1, 40, true, 70, 0, 0.0f, false},
         varlen_case{"window", {90, 200}, {300, 200}, 2, 2, 8, true, 17, 0, 0.0f, false},
         varlen_case{"chunked_local", {150, 40}, {150, 300}, 2, 1, 20, false, -1, 32, 0.0f, false},
         varlen_case{"softcap_sinks", {3, 80}, {500, 80}, 4, 2, 48, true, -1, 0, 5.0f, true},
@@ -134,10 +164,12 @@ TEST(varlen_batch, matches_padded_batch_with_key_lengths_when_lengths_align) {
     softmax_options o;
     o.causal = true;
     attnkit::softmax_attention_varlen(q, k, v, cu, cu, out, o);
-    const attnkit::view<const float, 4> q4(q.data(), {3, L, H, D}), k4(k.data(), {3, L, H, D}), v4(v.data(), {3, L, H, D});
+    const attnkit::view<const float, 4> q4(q.data(), {3, L, H, D}), k4(k.data(), {3, L, H, D}),
+        v4(v.data(), {3, L, H, D});
     tensor4<float> out4(3, L, H, D);
     attnkit::softmax_attention(q4, k4, v4, out4, o);
-    EXPECT_EQ(0, std::memcmp(out.data(), out4.data(), sizeof(float) * static_cast<std::size_t>(out.size())));
+    EXPECT_EQ(0, std::memcmp(out.data(), out4.data(),
+                             sizeof(float) * static_cast<std::size_t>(out.size())));
 }
 
 TEST(varlen_errors, rejected_before_anything_is_written) {
@@ -145,8 +177,9 @@ TEST(varlen_errors, rejected_before_anything_is_written) {
                v = random_packed<float>(12, 1, 8, 3);
     packed<float> out(10, 2, 8);
     out.setConstant(5.0f);
-    auto expect_rejected = [&](const std::vector<std::int64_t>& cq, const std::vector<std::int64_t>& ck,
-                               const softmax_options& o, const char* what) {
+    auto expect_rejected = [&](const std::vector<std::int64_t>& cq,
+                               const std::vector<std::int64_t>& ck, const softmax_options& o,
+                               const char* what) {
         expect_invalid([&] { attnkit::softmax_attention_varlen(q, k, v, cq, ck, out, o); }, what);
         EXPECT_TRUE(all_equal_to(out, 5.0f));
     };
@@ -155,7 +188,8 @@ TEST(varlen_errors, rejected_before_anything_is_written) {
     expect_rejected({1, 10}, {0, 12}, o, "cu_seqlens_q[0]: expected 0");
     expect_rejected({0, 6, 4, 10}, {0, 4, 8, 12}, o, "cu_seqlens_q: expected non-decreasing");
     expect_rejected({0, 9}, {0, 12}, o, "cu_seqlens_q: the last offset must be the row count of q");
-    expect_rejected({0, 10}, {0, 11}, o, "cu_seqlens_k: the last offset must be the row count of k");
+    expect_rejected({0, 10}, {0, 11}, o,
+                    "cu_seqlens_k: the last offset must be the row count of k");
     expect_rejected({0, 10}, {0, 6, 12}, o, "cu_seqlens_k: expected B + 1 = 2 offsets");
     softmax_options kl;
     kl.key_lengths = {3};
@@ -164,8 +198,9 @@ TEST(varlen_errors, rejected_before_anything_is_written) {
     w.window_left = -2;
     expect_rejected({0, 10}, {0, 12}, w, "opts.window_left");
     // out overlapping k
-    EXPECT_THROW(attnkit::softmax_attention_varlen(q, k, v, {0, 10}, {0, 12},
-                                                   attnkit::view<float, 3>(const_cast<float*>(k.data()), {10, 2, 8}), o),
+    EXPECT_THROW(attnkit::softmax_attention_varlen(
+                     q, k, v, {0, 10}, {0, 12},
+                     attnkit::view<float, 3>(const_cast<float*>(k.data()), {10, 2, 8}), o),
                  std::invalid_argument);
 }
 

@@ -75,9 +75,10 @@ struct kv_step {
 
 template <class T = float>
 class kv_cache {
-    static_assert(simd::kIsStorageType<T>, "attnkit::kv_cache: storage is float, Eigen::bfloat16 or Eigen::half");
+    static_assert(simd::kIsStorageType<T>,
+                  "attnkit::kv_cache: storage is float, Eigen::bfloat16 or Eigen::half");
 
-   public:
+public:
     explicit kv_cache(const kv_cache_config& cfg) : cfg_(cfg) {
         using detail::fail;
         using detail::number;
@@ -87,10 +88,11 @@ class kv_cache {
         if (cfg_.dim < 1) fail("config.dim: expected >= 1, got " + number(cfg_.dim));
         if (cfg_.dim_v < 1) fail("config.dim_v: expected >= 1 (0: dim), got " + number(cfg_.dim_v));
         if (cfg_.pages < 0 || cfg_.pages > std::numeric_limits<std::int32_t>::max())
-            fail("config.pages: expected 0 <= pages < 2^31 (block tables are int32), got " + number(cfg_.pages));
+            fail("config.pages: expected 0 <= pages < 2^31 (block tables are int32), got " +
+                 number(cfg_.pages));
         if (cfg_.page_rows < 1 || cfg_.page_rows % detail::kPageRowsMultiple != 0)
-            fail("config.page_rows: expected a positive multiple of " + number(detail::kPageRowsMultiple) + ", got " +
-                 number(cfg_.page_rows));
+            fail("config.page_rows: expected a positive multiple of " +
+                 number(detail::kPageRowsMultiple) + ", got " + number(cfg_.page_rows));
         index_t k_elems = 0, v_elems = 0, all = 0;
         const bool fits = detail::mul_fits(cfg_.pages, cfg_.page_rows, k_elems) &&
                           detail::mul_fits(k_elems, cfg_.heads_kv, k_elems) &&
@@ -98,26 +100,33 @@ class kv_cache {
                           detail::mul_fits(v_elems, 2 * cfg_.layers, all) &&
                           detail::mul_fits(all, static_cast<index_t>(sizeof(T)), all);
         if (!fits)
-            fail("config: pages * page_rows * heads_kv * (dim + dim_v) * layers overflows int64 bytes (pages = " +
-                 number(cfg_.pages) + ", page_rows = " + number(cfg_.page_rows) + ", heads_kv = " +
-                 number(cfg_.heads_kv) + ", dim = " + number(cfg_.dim) + ", layers = " + number(cfg_.layers) + ")");
+            fail(
+                "config: pages * page_rows * heads_kv * (dim + dim_v) * layers overflows int64 "
+                "bytes (pages = " +
+                number(cfg_.pages) + ", page_rows = " + number(cfg_.page_rows) +
+                ", heads_kv = " + number(cfg_.heads_kv) + ", dim = " + number(cfg_.dim) +
+                ", layers = " + number(cfg_.layers) + ")");
         page_k_ = cfg_.page_rows * cfg_.heads_kv * cfg_.dim;
         page_v_ = cfg_.page_rows * cfg_.heads_kv * cfg_.dim_v;
         k_.resize(static_cast<std::size_t>(cfg_.layers));
         v_.resize(static_cast<std::size_t>(cfg_.layers));
         for (index_t l = 0; l < cfg_.layers; ++l) {
-            k_[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(cfg_.pages * page_k_), T(0.0f));
-            v_[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(cfg_.pages * page_v_), T(0.0f));
+            k_[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(cfg_.pages * page_k_),
+                                                   T(0.0f));
+            v_[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(cfg_.pages * page_v_),
+                                                   T(0.0f));
         }
         free_.reserve(static_cast<std::size_t>(cfg_.pages));
-        for (index_t pg = cfg_.pages - 1; pg >= 0; --pg) free_.push_back(static_cast<std::int32_t>(pg));
+        for (index_t pg = cfg_.pages - 1; pg >= 0; --pg)
+            free_.push_back(static_cast<std::int32_t>(pg));
     }
 
     const kv_cache_config& config() const { return cfg_; }
     index_t free_pages() const { return static_cast<index_t>(free_.size()); }
     // Sequences added and not released.
     index_t sequences() const {
-        return static_cast<index_t>(std::count_if(seqs_.begin(), seqs_.end(), [](const seq& s) { return s.live; }));
+        return static_cast<index_t>(
+            std::count_if(seqs_.begin(), seqs_.end(), [](const seq& s) { return s.live; }));
     }
 
     // A new, empty sequence; the ids of released sequences are given out again.
@@ -151,10 +160,11 @@ class kv_cache {
     void truncate(index_t id, index_t length) {
         seq& s = at("seq", id);
         if (length < 0 || length > s.length)
-            detail::fail("length: expected 0 <= length <= the sequence's length " + detail::number(s.length) +
-                         ", got " + detail::number(length));
+            detail::fail("length: expected 0 <= length <= the sequence's length " +
+                         detail::number(s.length) + ", got " + detail::number(length));
         ++serial_;
-        const std::size_t keep = static_cast<std::size_t>((length + cfg_.page_rows - 1) / cfg_.page_rows);
+        const std::size_t keep =
+            static_cast<std::size_t>((length + cfg_.page_rows - 1) / cfg_.page_rows);
         while (s.pages.size() > keep) {
             free_.push_back(s.pages.back());
             s.pages.pop_back();
@@ -173,19 +183,22 @@ class kv_cache {
         for (std::size_t i = 0; i < ids.size(); ++i) {
             const seq& s = at("seqs[" + number(i) + "]", ids[i]);
             for (std::size_t j = 0; j < i; ++j)
-                if (ids[j] == ids[i]) fail("seqs[" + number(i) + "]: sequence " + number(ids[i]) + " is also seqs[" +
-                                           number(j) + "]; a step takes a sequence once");
+                if (ids[j] == ids[i])
+                    fail("seqs[" + number(i) + "]: sequence " + number(ids[i]) + " is also seqs[" +
+                         number(j) + "]; a step takes a sequence once");
             const index_t n = new_tokens[i];
             if (n < 0 || n > detail::kMaxKeys - s.length)
-                fail("new_tokens[" + number(i) + "]: expected 0 <= n and length + n <= 2^24 - 1, got n = " +
-                     number(n) + " after " + number(s.length) + " tokens");
+                fail("new_tokens[" + number(i) +
+                     "]: expected 0 <= n and length + n <= 2^24 - 1, got n = " + number(n) +
+                     " after " + number(s.length) + " tokens");
             const index_t pages_after = (s.length + n + cfg_.page_rows - 1) / cfg_.page_rows;
             need += pages_after - static_cast<index_t>(s.pages.size());
             total += n;
         }
         if (need > free_pages())
-            fail("new_tokens: the step needs " + number(need) + " more pages of " + number(cfg_.page_rows) +
-                 " tokens, " + number(free_pages()) + " are free (the cache is full: release or truncate sequences)");
+            fail("new_tokens: the step needs " + number(need) + " more pages of " +
+                 number(cfg_.page_rows) + " tokens, " + number(free_pages()) +
+                 " are free (the cache is full: release or truncate sequences)");
 
         ++serial_;
         kv_step st;
@@ -211,7 +224,8 @@ class kv_cache {
         st.kv.block_table.assign(ids.size() * static_cast<std::size_t>(max_pages), 0);
         for (std::size_t i = 0; i < ids.size(); ++i) {
             const auto& pg = seqs_[static_cast<std::size_t>(ids[i])].pages;
-            std::copy(pg.begin(), pg.end(), st.kv.block_table.begin() + static_cast<std::ptrdiff_t>(i * max_pages));
+            std::copy(pg.begin(), pg.end(),
+                      st.kv.block_table.begin() + static_cast<std::ptrdiff_t>(i * max_pages));
         }
         return st;
     }
@@ -226,7 +240,8 @@ class kv_cache {
     // The same with RoPE applied to K at each token's position (model/rope.hpp), in float before
     // the one rounding to T.
     template <class K, class V>
-    void append(index_t layer, const kv_step& step, const K& k_new, const V& v_new, const model::rope_options& rope) {
+    void append(index_t layer, const kv_step& step, const K& k_new, const V& v_new,
+                const model::rope_options& rope) {
         append_impl(layer, step, detail::input_view<3>("k_new", k_new, "[Tq, Hk, D]"),
                     detail::input_view<3>("v_new", v_new, "[Tq, Hk, Dv]"), &rope);
     }
@@ -234,27 +249,31 @@ class kv_cache {
     // paged_attention of the step's queries q [Tq, H, D] over `layer`: out [Tq, H, Dv] (and lse
     // [Tq, H]). opts as softmax_attention's, key_lengths empty.
     template <class Q, class O>
-    void attention(index_t layer, const kv_step& step, const Q& q, O&& out, const softmax_options& opts = {}) const {
+    void attention(index_t layer, const kv_step& step, const Q& q, O&& out,
+                   const softmax_options& opts = {}) const {
         check_step(step);
         paged_attention(q, k_pages(layer), v_pages(layer), step.kv, std::forward<O>(out), opts);
     }
-    template <class Q, class O, class L, std::enable_if_t<detail::kIsLseArg<L, softmax_options>, int> = 0>
+    template <class Q, class O, class L,
+              std::enable_if_t<detail::kIsLseArg<L, softmax_options>, int> = 0>
     void attention(index_t layer, const kv_step& step, const Q& q, O&& out, L&& lse,
                    const softmax_options& opts = {}) const {
         check_step(step);
-        paged_attention(q, k_pages(layer), v_pages(layer), step.kv, std::forward<O>(out), std::forward<L>(lse), opts);
+        paged_attention(q, k_pages(layer), v_pages(layer), step.kv, std::forward<O>(out),
+                        std::forward<L>(lse), opts);
     }
 
     // A layer's pages: [pages, page_rows, Hk, D] and [pages, page_rows, Hk, Dv].
     view<const T, 4> k_pages(index_t layer) const {
-        return view<const T, 4>(k_[layer_index(layer)].data(), {cfg_.pages, cfg_.page_rows, cfg_.heads_kv, cfg_.dim});
+        return view<const T, 4>(k_[layer_index(layer)].data(),
+                                {cfg_.pages, cfg_.page_rows, cfg_.heads_kv, cfg_.dim});
     }
     view<const T, 4> v_pages(index_t layer) const {
         return view<const T, 4>(v_[layer_index(layer)].data(),
                                 {cfg_.pages, cfg_.page_rows, cfg_.heads_kv, cfg_.dim_v});
     }
 
-   private:
+private:
     struct seq {
         bool live = false;
         index_t length = 0;
@@ -267,9 +286,11 @@ class kv_cache {
     }
     template <class Name>
     const seq& at(const Name& name, index_t id) const {
-        if (id < 0 || id >= static_cast<index_t>(seqs_.size()) || !seqs_[static_cast<std::size_t>(id)].live)
-            detail::fail(std::string(name) + ": no live sequence " + detail::number(id) + " (ids below " +
-                         detail::number(seqs_.size()) + ", released ones excluded)");
+        if (id < 0 || id >= static_cast<index_t>(seqs_.size()) ||
+            !seqs_[static_cast<std::size_t>(id)].live)
+            detail::fail(std::string(name) + ": no live sequence " + detail::number(id) +
+                         " (ids below " + detail::number(seqs_.size()) +
+                         ", released ones excluded)");
         return seqs_[static_cast<std::size_t>(id)];
     }
     std::size_t layer_index(index_t layer) const {
@@ -280,16 +301,19 @@ class kv_cache {
     }
     void check_step(const kv_step& step) const {
         if (step.serial != serial_)
-            detail::fail("step: not the cache's current step (a begin_step, truncate, release or add_sequence came "
-                         "after it)");
+            detail::fail(
+                "step: not the cache's current step (a begin_step, truncate, release or "
+                "add_sequence came "
+                "after it)");
     }
 
     template <class KT, class VT>
-    void append_impl(index_t layer, const kv_step& step, const view<const KT, 3>& kn, const view<const VT, 3>& vn,
-                     const model::rope_options* rope) {
-        static_assert((std::is_same<KT, float>::value || std::is_same<KT, T>::value) &&
-                          (std::is_same<VT, float>::value || std::is_same<VT, T>::value),
-                      "attnkit::kv_cache::append: k_new and v_new are float or the cache's storage type");
+    void append_impl(index_t layer, const kv_step& step, const view<const KT, 3>& kn,
+                     const view<const VT, 3>& vn, const model::rope_options* rope) {
+        static_assert(
+            (std::is_same<KT, float>::value || std::is_same<KT, T>::value) &&
+                (std::is_same<VT, float>::value || std::is_same<VT, T>::value),
+            "attnkit::kv_cache::append: k_new and v_new are float or the cache's storage type");
         const std::size_t li = layer_index(layer);
         check_step(step);
         const index_t Tq = step.tokens(), Hk = cfg_.heads_kv;
@@ -305,9 +329,10 @@ class kv_cache {
             rotated_.resize(static_cast<std::size_t>(Tq * Hk * cfg_.dim));
             for (index_t t = 0; t < Tq; ++t)
                 for (index_t h = 0; h < Hk; ++h)
-                    simd::convert_row<simd::default_arch>(kn.ptr(t, h), rotated_.data() + (t * Hk + h) * cfg_.dim,
-                                                          cfg_.dim);
-            model::rope(view<float, 4>(rotated_.data(), {1, Tq, Hk, cfg_.dim}), step.positions_tensor(), *rope);
+                    simd::convert_row<simd::default_arch>(
+                        kn.ptr(t, h), rotated_.data() + (t * Hk + h) * cfg_.dim, cfg_.dim);
+            model::rope(view<float, 4>(rotated_.data(), {1, Tq, Hk, cfg_.dim}),
+                        step.positions_tensor(), *rope);
         }
         T* K = k_[li].data();
         T* V = v_[li].data();
@@ -317,15 +342,20 @@ class kv_cache {
             const index_t n = step.kv.cu_seqlens_q[i + 1] - step.kv.cu_seqlens_q[i];
             for (index_t j = 0; j < n; ++j, ++t) {
                 const index_t pos = step.positions[t];
-                const index_t slot = static_cast<index_t>(pages[static_cast<std::size_t>(pos / cfg_.page_rows)]) *
-                                         cfg_.page_rows + pos % cfg_.page_rows;
+                const index_t slot =
+                    static_cast<index_t>(pages[static_cast<std::size_t>(pos / cfg_.page_rows)]) *
+                        cfg_.page_rows +
+                    pos % cfg_.page_rows;
                 for (index_t h = 0; h < Hk; ++h) {
                     T* kd = K + (slot * Hk + h) * cfg_.dim;
                     if (rope)
-                        store_row(rotated_.data() + (static_cast<index_t>(t) * Hk + h) * cfg_.dim, kd, cfg_.dim);
+                        store_row(rotated_.data() + (static_cast<index_t>(t) * Hk + h) * cfg_.dim,
+                                  kd, cfg_.dim);
                     else
-                        store_row(k_src + static_cast<index_t>(t) * k_row + h * k_head, kd, cfg_.dim);
-                    store_row(vn.ptr(static_cast<index_t>(t), h), V + (slot * Hk + h) * cfg_.dim_v, cfg_.dim_v);
+                        store_row(k_src + static_cast<index_t>(t) * k_row + h * k_head, kd,
+                                  cfg_.dim);
+                    store_row(vn.ptr(static_cast<index_t>(t), h), V + (slot * Hk + h) * cfg_.dim_v,
+                              cfg_.dim_v);
                 }
             }
         }

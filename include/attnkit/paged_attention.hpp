@@ -2,8 +2,8 @@
 // block_table), prefill chunks and decode steps in one call (continuous batching).
 //
 //   attnkit::paged_kv kv;                    // which pages hold which sequence's keys
-//   kv.cu_seqlens_q = {0, 1, 2, 130};        // B + 1 offsets into q's rows: two decode steps, a chunk
-//   kv.seq_lengths = {900, 17, 128};         // keys per sequence, the step's own included
+//   kv.cu_seqlens_q = {0, 1, 2, 130};        // B + 1 offsets into q's rows: two decode steps, a
+//   chunk kv.seq_lengths = {900, 17, 128};         // keys per sequence, the step's own included
 //   kv.pages_per_seq = 16;                   // the block table's row length
 //   kv.block_table = {...};                  // [B * pages_per_seq] page indices, int32
 //   attnkit::paged_attention(q, k_pages, v_pages, kv, out, opts);
@@ -57,87 +57,100 @@ void check_paged_kv(const paged_kv& kv, const view<const TK, 4>& kp, const view<
                     const std::vector<std::int64_t>& q_len) {
     const index_t P = kp.dims[0], rows = kp.dims[1];
     if (rows % kPageRowsMultiple != 0 || rows == 0)
-        fail("k_pages: page_rows (dimension 1) must be a positive multiple of " + number(kPageRowsMultiple) +
-             ", got " + shape_string(kp));
+        fail("k_pages: page_rows (dimension 1) must be a positive multiple of " +
+             number(kPageRowsMultiple) + ", got " + shape_string(kp));
     const std::size_t B = q_len.size();
     if (kv.seq_lengths.size() != B)
-        fail("kv.seq_lengths: expected one per sequence, B = " + number(B) + " (from kv.cu_seqlens_q), got " +
-             number(kv.seq_lengths.size()));
-    if (kv.pages_per_seq < 0) fail("kv.pages_per_seq: expected >= 0, got " + number(kv.pages_per_seq));
-    if (kv.pages_per_seq > 0 && static_cast<index_t>(B) > std::numeric_limits<index_t>::max() / kv.pages_per_seq)
-        fail("kv.pages_per_seq: B * pages_per_seq overflows int64 (B = " + number(B) + ", pages_per_seq = " +
-             number(kv.pages_per_seq) + ")");
+        fail("kv.seq_lengths: expected one per sequence, B = " + number(B) +
+             " (from kv.cu_seqlens_q), got " + number(kv.seq_lengths.size()));
+    if (kv.pages_per_seq < 0)
+        fail("kv.pages_per_seq: expected >= 0, got " + number(kv.pages_per_seq));
+    if (kv.pages_per_seq > 0 &&
+        static_cast<index_t>(B) > std::numeric_limits<index_t>::max() / kv.pages_per_seq)
+        fail("kv.pages_per_seq: B * pages_per_seq overflows int64 (B = " + number(B) +
+             ", pages_per_seq = " + number(kv.pages_per_seq) + ")");
     if (static_cast<index_t>(kv.block_table.size()) != static_cast<index_t>(B) * kv.pages_per_seq)
-        fail("kv.block_table: expected B * pages_per_seq = " + number(B) + " * " + number(kv.pages_per_seq) +
-             " entries, got " + number(kv.block_table.size()));
-    const index_t capacity =
-        kv.pages_per_seq > std::numeric_limits<index_t>::max() / rows ? std::numeric_limits<index_t>::max()
-                                                                      : kv.pages_per_seq * rows;
+        fail("kv.block_table: expected B * pages_per_seq = " + number(B) + " * " +
+             number(kv.pages_per_seq) + " entries, got " + number(kv.block_table.size()));
+    const index_t capacity = kv.pages_per_seq > std::numeric_limits<index_t>::max() / rows
+                                 ? std::numeric_limits<index_t>::max()
+                                 : kv.pages_per_seq * rows;
     for (std::size_t b = 0; b < B; ++b) {
         const std::int64_t n = kv.seq_lengths[b];
         if (n < 0 || n > capacity)
-            fail("kv.seq_lengths[" + number(b) + "]: expected 0 <= length <= pages_per_seq * page_rows = " +
-                 number(capacity) + ", got " + number(n));
+            fail("kv.seq_lengths[" + number(b) +
+                 "]: expected 0 <= length <= pages_per_seq * page_rows = " + number(capacity) +
+                 ", got " + number(n));
         for (index_t pg = 0; pg * rows < n; ++pg) {
             const std::int32_t at = kv.block_table[b * static_cast<std::size_t>(kv.pages_per_seq) +
                                                    static_cast<std::size_t>(pg)];
             if (at < 0 || at >= P)
-                fail("kv.block_table[" + number(b) + " * pages_per_seq + " + number(pg) + "]: expected a page in [0, " +
-                     number(P) + ") of k_pages " + shape_string(kp) + ", got " + number(at));
+                fail("kv.block_table[" + number(b) + " * pages_per_seq + " + number(pg) +
+                     "]: expected a page in [0, " + number(P) + ") of k_pages " + shape_string(kp) +
+                     ", got " + number(at));
         }
     }
     check_shape("v_pages", vp, {P, rows, kp.dims[2], vp.dims[3]}, "[P, page_rows, Hk, Dv]");
 }
 
 template <class A, class TQ, class TK, class TV, class TO, class TL>
-void paged_attention_impl(const view<const TQ, 3>& q3, const view<const TK, 4>& kp, const view<const TV, 4>& vp,
-                          const paged_kv& kv, const view<TO, 3>& out3, const view<TL, 2>* lse2,
-                          const softmax_options& opts) {
-    constexpr bool kStorage =
-        kIsKernelStorage<TQ, TK, TV> && std::is_same<TO, float>::value && std::is_same<TL, float>::value;
+void paged_attention_impl(const view<const TQ, 3>& q3, const view<const TK, 4>& kp,
+                          const view<const TV, 4>& vp, const paged_kv& kv, const view<TO, 3>& out3,
+                          const view<TL, 2>* lse2, const softmax_options& opts) {
+    constexpr bool kStorage = kIsAttentionStorage<TQ, TK, TV, TO, TL>;
     static_assert(kStorage,
-                  "attnkit::paged_attention: the pages must be float, Eigen::bfloat16 or Eigen::half of one type, q "
+                  "attnkit::paged_attention: the pages must be float, Eigen::bfloat16 or "
+                  "Eigen::half of one type, q "
                   "float or that type, out and lse float");
     if constexpr (kStorage) {
-        const auto q = as_batch_of_one(q3);
-        const auto out = as_batch_of_one(out3);
-        view<float, 3> lse;
-        if (lse2) lse = as_batch_of_one(*lse2);
+        const packed_rows<TQ> rows(q3, out3, lse2);
+        const auto& q = rows.q;
+        const auto& out = rows.out;
         check_layout("q", q);
         check_layout("k_pages", kp);
         check_layout("v_pages", vp);
         attention_shape s{1, q.dims[1], 0, q.dims[2], kp.dims[2], q.dims[3], vp.dims[3]};
-        if (s.heads < 1 || s.dim < 1) fail("q: heads and head dim must be >= 1, got " + shape_string(q3));
+        if (s.heads < 1 || s.dim < 1)
+            fail("q: heads and head dim must be >= 1, got " + shape_string(q3));
         if (s.heads_k < 1) fail("k_pages: heads must be >= 1, got " + shape_string(kp));
         if (s.dim_v < 1) fail("v_pages: head dim must be >= 1, got " + shape_string(vp));
-        check_shape("k_pages", kp, {kp.dims[0], kp.dims[1], s.heads_k, s.dim}, "[P, page_rows, Hk, D]");
+        check_shape("k_pages", kp, {kp.dims[0], kp.dims[1], s.heads_k, s.dim},
+                    "[P, page_rows, Hk, D]");
         if (s.heads % s.heads_k != 0)
-            fail("k_pages: query heads H = " + number(s.heads) + " must be a multiple of key heads Hk = " +
-                 number(s.heads_k) + " (q " + shape_string(q3) + ", k_pages " + shape_string(kp) + ")");
+            fail("k_pages: query heads H = " + number(s.heads) +
+                 " must be a multiple of key heads Hk = " + number(s.heads_k) + " (q " +
+                 shape_string(q3) + ", k_pages " + shape_string(kp) + ")");
         check_out("out", out, s);
-        if (lse2) check_lse("lse", lse, s);
+        if (rows.has_lse) check_lse("lse", rows.lse, s);
         const std::vector<std::int64_t> q_len =
             check_cu_seqlens("kv.cu_seqlens_q", kv.cu_seqlens_q, s.len_q, "q", shape_string(q3));
         check_paged_kv(kv, kp, vp, q_len);
         s.batch = static_cast<index_t>(q_len.size());
         s.len_q = q_len.empty() ? 0 : *std::max_element(q_len.begin(), q_len.end());
-        s.len_k = kv.seq_lengths.empty() ? 0 : *std::max_element(kv.seq_lengths.begin(), kv.seq_lengths.end());
-        check_max_keys("kv.seq_lengths", s.len_k, "keys per sequence", "the longest sequence's length", kp);
+        s.len_k = kv.seq_lengths.empty()
+                      ? 0
+                      : *std::max_element(kv.seq_lengths.begin(), kv.seq_lengths.end());
+        check_max_keys("kv.seq_lengths", s.len_k, "keys per sequence",
+                       "the longest sequence's length", kp);
         check_packed_options(opts, s);
-        check_outputs_apart({in_place(region_of("out", out), 1), lse2 ? region_of("lse", lse) : memory_region{}},
-                            {in_place(region_of("q", q), 1), region_of("k_pages", kp), region_of("v_pages", vp)});
+        constexpr unsigned kOutIsQ = 1;
+        check_outputs_apart({in_place(region_of("out", out), kOutIsQ),
+                             rows.has_lse ? region_of("lse", rows.lse) : memory_region{}},
+                            {in_place(region_of("q", q), kOutIsQ), region_of("k_pages", kp),
+                             region_of("v_pages", vp)});
 
         std::vector<std::int64_t> q_start(kv.cu_seqlens_q.begin(), kv.cu_seqlens_q.end() - 1);
         auto paged = [&](const auto& pages) {
-            strided_rows_t<std::remove_const_t<std::remove_pointer_t<decltype(pages.data)>>> r = rows_of(pages);
+            strided_rows_t<std::remove_const_t<std::remove_pointer_t<decltype(pages.data)>>> r =
+                rows_of(pages);
             r.table = kv.block_table.data();
             r.table_stride = kv.pages_per_seq;
             r.page_rows = pages.dims[1];
             r.page_stride = pages.strides[0];
             return r;
         };
-        packed_forward<A>(q, paged(kp), paged(vp), s, q_start, q_len, kv.seq_lengths, out, lse2 ? &lse : nullptr,
-                          opts);
+        packed_forward<A>(q, paged(kp), paged(vp), s, q_start, q_len, kv.seq_lengths, out,
+                          rows.lse_ptr(), opts);
     }
 }
 
@@ -147,7 +160,8 @@ template <class Q, class K, class V, class O>
 void paged_attention(const Q& q, const K& k_pages, const V& v_pages, const paged_kv& kv, O&& out,
                      const softmax_options& opts = {}) {
     detail::paged_attention_impl<simd::default_arch>(
-        detail::input_view<3>("q", q, "[Tq, H, D]"), detail::input_view<4>("k_pages", k_pages, "[P, page_rows, Hk, D]"),
+        detail::input_view<3>("q", q, "[Tq, H, D]"),
+        detail::input_view<4>("k_pages", k_pages, "[P, page_rows, Hk, D]"),
         detail::input_view<4>("v_pages", v_pages, "[P, page_rows, Hk, Dv]"), kv,
         detail::output_view<3>("out", std::forward<O>(out), "[Tq, H, Dv]"),
         static_cast<const view<float, 2>*>(nullptr), opts);
@@ -155,11 +169,12 @@ void paged_attention(const Q& q, const K& k_pages, const V& v_pages, const paged
 
 template <class Q, class K, class V, class O, class L,
           std::enable_if_t<detail::kIsLseArg<L, softmax_options>, int> = 0>
-void paged_attention(const Q& q, const K& k_pages, const V& v_pages, const paged_kv& kv, O&& out, L&& lse,
-                     const softmax_options& opts = {}) {
+void paged_attention(const Q& q, const K& k_pages, const V& v_pages, const paged_kv& kv, O&& out,
+                     L&& lse, const softmax_options& opts = {}) {
     const auto lse_v = detail::output_view<2>("lse", std::forward<L>(lse), "[Tq, H]");
     detail::paged_attention_impl<simd::default_arch>(
-        detail::input_view<3>("q", q, "[Tq, H, D]"), detail::input_view<4>("k_pages", k_pages, "[P, page_rows, Hk, D]"),
+        detail::input_view<3>("q", q, "[Tq, H, D]"),
+        detail::input_view<4>("k_pages", k_pages, "[P, page_rows, Hk, D]"),
         detail::input_view<4>("v_pages", v_pages, "[P, page_rows, Hk, Dv]"), kv,
         detail::output_view<3>("out", std::forward<O>(out), "[Tq, H, Dv]"), &lse_v, opts);
 }

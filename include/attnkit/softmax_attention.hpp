@@ -27,6 +27,10 @@ constexpr bool kIsTensorArg = tensor_traits<std::decay_t<X>>::kIsTensorish;
 template <class TQ, class TK, class TV>
 constexpr bool kIsKernelStorage = simd::kIsStorageType<TK> && std::is_same<TK, TV>::value &&
                                   (std::is_same<TQ, float>::value || std::is_same<TQ, TK>::value);
+// ... and float outputs (out, lse).
+template <class TQ, class TK, class TV, class TO, class TL>
+constexpr bool kIsAttentionStorage =
+    kIsKernelStorage<TQ, TK, TV> && std::is_same<TO, float>::value && std::is_same<TL, float>::value;
 
 template <class A, class TQ, class TK, class TV>
 void softmax_attention_run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
@@ -51,8 +55,7 @@ void softmax_attention_run(const view<const TQ, 4>& q, const view<const TK, 4>& 
 template <class A, class TQ, class TK, class TV, class TO, class TL>
 void softmax_attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
                             const view<TO, 4>& out, const view<TL, 3>* lse, const softmax_options& opts) {
-    constexpr bool kStorage =
-        kIsKernelStorage<TQ, TK, TV> && std::is_same<TO, float>::value && std::is_same<TL, float>::value;
+    constexpr bool kStorage = kIsAttentionStorage<TQ, TK, TV, TO, TL>;
     static_assert(kStorage,
                   "attnkit::softmax_attention: k and v must be float, Eigen::bfloat16 or Eigen::half tensors of one "
                   "type, q float or that type, out and lse float (double is for attnkit::reference)");

@@ -33,48 +33,54 @@ namespace detail {
 
 template <class A, class TQ, class TK, class TV, class TO, class TL>
 void softmax_attention_varlen_impl(const view<const TQ, 3>& q3, const view<const TK, 3>& k3,
-                                   const view<const TV, 3>& v3, const std::vector<std::int64_t>& cu_q,
+                                   const view<const TV, 3>& v3,
+                                   const std::vector<std::int64_t>& cu_q,
                                    const std::vector<std::int64_t>& cu_k, const view<TO, 3>& out3,
                                    const view<TL, 2>* lse2, const softmax_options& opts) {
-    constexpr bool kStorage =
-        kIsKernelStorage<TQ, TK, TV> && std::is_same<TO, float>::value && std::is_same<TL, float>::value;
+    constexpr bool kStorage = kIsAttentionStorage<TQ, TK, TV, TO, TL>;
     static_assert(kStorage,
-                  "attnkit::softmax_attention_varlen: k and v must be float, Eigen::bfloat16 or Eigen::half tensors "
+                  "attnkit::softmax_attention_varlen: k and v must be float, Eigen::bfloat16 or "
+                  "Eigen::half tensors "
                   "of one type, q float or that type, out and lse float");
     if constexpr (kStorage) {
-        const auto q = as_batch_of_one(q3);
+        const packed_rows<TQ> rows(q3, out3, lse2);
+        const auto& q = rows.q;
+        const auto& out = rows.out;
         const auto k = as_batch_of_one(k3);
         const auto v = as_batch_of_one(v3);
-        const auto out = as_batch_of_one(out3);
-        view<float, 3> lse;
-        if (lse2) lse = as_batch_of_one(*lse2);
         attention_shape s = check_qkv(q, k, v);
         check_out("out", out, s);
-        if (lse2) check_lse("lse", lse, s);
-        const std::vector<std::int64_t> q_len = check_cu_seqlens("cu_seqlens_q", cu_q, s.len_q, "q", shape_string(q3));
-        const std::vector<std::int64_t> k_len = check_cu_seqlens("cu_seqlens_k", cu_k, s.len_k, "k", shape_string(k3));
+        if (rows.has_lse) check_lse("lse", rows.lse, s);
+        const std::vector<std::int64_t> q_len =
+            check_cu_seqlens("cu_seqlens_q", cu_q, s.len_q, "q", shape_string(q3));
+        const std::vector<std::int64_t> k_len =
+            check_cu_seqlens("cu_seqlens_k", cu_k, s.len_k, "k", shape_string(k3));
         if (q_len.size() != k_len.size())
-            fail("cu_seqlens_k: expected B + 1 = " + number(cu_q.size()) + " offsets as cu_seqlens_q, got " +
-                 number(cu_k.size()));
+            fail("cu_seqlens_k: expected B + 1 = " + number(cu_q.size()) +
+                 " offsets as cu_seqlens_q, got " + number(cu_k.size()));
         s.batch = static_cast<index_t>(q_len.size());
         s.len_q = q_len.empty() ? 0 : *std::max_element(q_len.begin(), q_len.end());
         s.len_k = k_len.empty() ? 0 : *std::max_element(k_len.begin(), k_len.end());
-        check_max_keys("cu_seqlens_k", s.len_k, "keys per sequence", "the longest sequence's Lk", k3);
+        check_max_keys("cu_seqlens_k", s.len_k, "keys per sequence", "the longest sequence's Lk",
+                       k3);
         check_packed_options(opts, s);
-        check_attention_memory(q, k, v, out, lse2 ? &lse : nullptr);
+        check_attention_memory(q, k, v, out, rows.lse_ptr());
 
-        std::vector<std::int64_t> q_start(cu_q.begin(), cu_q.end() - 1), k_start(cu_k.begin(), cu_k.end() - 1);
+        std::vector<std::int64_t> q_start(cu_q.begin(), cu_q.end() - 1),
+            k_start(cu_k.begin(), cu_k.end() - 1);
         strided_rows_t<TK> kr = rows_of(k), vr = rows_of(v);
         kr.start = vr.start = k_start.data();
-        packed_forward<A>(q, kr, vr, s, q_start, q_len, k_len, out, lse2 ? &lse : nullptr, opts);
+        packed_forward<A>(q, kr, vr, s, q_start, q_len, k_len, out, rows.lse_ptr(), opts);
     }
 }
 
 }  // namespace detail
 
 template <class Q, class K, class V, class O>
-void softmax_attention_varlen(const Q& q, const K& k, const V& v, const std::vector<std::int64_t>& cu_seqlens_q,
-                              const std::vector<std::int64_t>& cu_seqlens_k, O&& out, const softmax_options& opts = {}) {
+void softmax_attention_varlen(const Q& q, const K& k, const V& v,
+                              const std::vector<std::int64_t>& cu_seqlens_q,
+                              const std::vector<std::int64_t>& cu_seqlens_k, O&& out,
+                              const softmax_options& opts = {}) {
     detail::softmax_attention_varlen_impl<simd::default_arch>(
         detail::input_view<3>("q", q, "[Tq, H, D]"), detail::input_view<3>("k", k, "[Tk, Hk, D]"),
         detail::input_view<3>("v", v, "[Tk, Hk, Dv]"), cu_seqlens_q, cu_seqlens_k,
@@ -84,7 +90,8 @@ void softmax_attention_varlen(const Q& q, const K& k, const V& v, const std::vec
 
 template <class Q, class K, class V, class O, class L,
           std::enable_if_t<detail::kIsLseArg<L, softmax_options>, int> = 0>
-void softmax_attention_varlen(const Q& q, const K& k, const V& v, const std::vector<std::int64_t>& cu_seqlens_q,
+void softmax_attention_varlen(const Q& q, const K& k, const V& v,
+                              const std::vector<std::int64_t>& cu_seqlens_q,
                               const std::vector<std::int64_t>& cu_seqlens_k, O&& out, L&& lse,
                               const softmax_options& opts = {}) {
     const auto lse_v = detail::output_view<2>("lse", std::forward<L>(lse), "[Tq, H]");

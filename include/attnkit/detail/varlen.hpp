@@ -24,33 +24,55 @@ view<T, 4> as_batch_of_one(const view<T, 3>& x) {
 }
 template <class T>
 view<T, 3> as_batch_of_one(const view<T, 2>& x) {
-    return view<T, 3>(x.data, {1, x.dims[0], x.dims[1]}, {x.dims[0] * x.strides[0], x.strides[0], x.strides[1]});
+    return view<T, 3>(x.data, {1, x.dims[0], x.dims[1]},
+                      {x.dims[0] * x.strides[0], x.strides[0], x.strides[1]});
 }
+
+// The query-side views of a packed call ([Tq, H, D] q, [Tq, H, Dv] out, [Tq, H] lse or none) as
+// the engine's batch-of-one views.
+template <class TQ>
+struct packed_rows {
+    view<const TQ, 4> q;
+    view<float, 4> out;
+    view<float, 3> lse;
+    bool has_lse = false;
+
+    packed_rows(const view<const TQ, 3>& q3, const view<float, 3>& out3, const view<float, 2>* lse2)
+        : q(as_batch_of_one(q3)), out(as_batch_of_one(out3)), has_lse(lse2 != nullptr) {
+        if (lse2) lse = as_batch_of_one(*lse2);
+    }
+    const view<float, 3>* lse_ptr() const { return has_lse ? &lse : nullptr; }
+};
 
 // cu [B + 1]: 0 = cu[0] <= cu[1] <= ... <= cu[B] = total (the rows of `tensor`). Returns the
 // lengths cu[b + 1] - cu[b].
-inline std::vector<std::int64_t> check_cu_seqlens(const char* name, const std::vector<std::int64_t>& cu,
-                                                  index_t total, const char* tensor, const std::string& shape) {
+inline std::vector<std::int64_t> check_cu_seqlens(const char* name,
+                                                  const std::vector<std::int64_t>& cu,
+                                                  index_t total, const char* tensor,
+                                                  const std::string& shape) {
     if (cu.empty()) fail(std::string(name) + ": expected B + 1 offsets starting at 0, got none");
     if (cu.front() != 0) fail(std::string(name) + "[0]: expected 0, got " + number(cu.front()));
     std::vector<std::int64_t> len(cu.size() - 1);
     for (std::size_t b = 0; b + 1 < cu.size(); ++b) {
         if (cu[b + 1] < cu[b])
-            fail(std::string(name) + ": expected non-decreasing offsets, got " + name + "[" + number(b) +
-                 "] = " + number(cu[b]) + " > " + name + "[" + number(b + 1) + "] = " + number(cu[b + 1]));
+            fail(std::string(name) + ": expected non-decreasing offsets, got " + name + "[" +
+                 number(b) + "] = " + number(cu[b]) + " > " + name + "[" + number(b + 1) +
+                 "] = " + number(cu[b + 1]));
         len[b] = cu[b + 1] - cu[b];
     }
     if (cu.back() != total)
-        fail(std::string(name) + ": the last offset must be the row count of " + tensor + " " + shape + ", " +
-             number(total) + ", got " + number(cu.back()));
+        fail(std::string(name) + ": the last offset must be the row count of " + tensor + " " +
+             shape + ", " + number(total) + ", got " + number(cu.back()));
     return len;
 }
 
 // What a packed call adds to softmax_options' checks: per-sequence lengths replace key_lengths.
 inline void check_packed_options(const softmax_options& o, const attention_shape& s) {
     if (!o.key_lengths.empty())
-        fail("opts.key_lengths: expected empty (a packed batch's key counts are its sequence lengths), got " +
-             number(o.key_lengths.size()) + " values");
+        fail(
+            "opts.key_lengths: expected empty (a packed batch's key counts are its sequence "
+            "lengths), got " +
+            number(o.key_lengths.size()) + " values");
     check_options(o, s);
 }
 
@@ -58,10 +80,12 @@ inline void check_packed_options(const softmax_options& o, const attention_shape
 // of q (and of out, lse), it has q_len[b] of them and k_len[b] keys. k and v arrive with their
 // row layout set (packed or paged); s holds the largest lengths.
 template <class A, class KVT, class QT>
-void packed_forward(const view<const QT, 4>& q, const strided_rows_t<KVT>& k, const strided_rows_t<KVT>& v,
-                    const attention_shape& s, const std::vector<std::int64_t>& q_start,
+void packed_forward(const view<const QT, 4>& q, const strided_rows_t<KVT>& k,
+                    const strided_rows_t<KVT>& v, const attention_shape& s,
+                    const std::vector<std::int64_t>& q_start,
                     const std::vector<std::int64_t>& q_len, const std::vector<std::int64_t>& k_len,
-                    const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
+                    const view<float, 4>& out, const view<float, 3>* lse,
+                    const softmax_options& opts) {
     const view<const KVT, 4> none;
     softmax_options o = opts;
     o.key_lengths.clear();
