@@ -52,6 +52,7 @@
 #include "attnkit/model/rms_norm.hpp"
 #include "attnkit/model/rope.hpp"
 #include "attnkit/kv_cache.hpp"
+#include "attnkit/distributed_options.hpp"  // distributed.hpp itself needs MPI: include it yourself
 #include "attnkit/model/hybrid_schedule.hpp"
 #include "attnkit/diagnostics.hpp"
 #include "attnkit/model/decoder_config.hpp"

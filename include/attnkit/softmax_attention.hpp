@@ -34,7 +34,8 @@ constexpr bool kIsAttentionStorage =
 
 template <class A, class TQ, class TK, class TV>
 void softmax_attention_run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
-                           const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
+                           const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts,
+                           const sequence_frame* frame = nullptr) {
     const attention_shape s = check_qkv(q, k, v);
     check_max_keys("k", s.len_k, "keys per call (split longer caches and merge_partials)", "Lk", k);
     check_out("out", out, s);
@@ -46,7 +47,9 @@ void softmax_attention_run(const view<const TQ, 4>& q, const view<const TK, 4>& 
     fo.out = out;
     if (lse) fo.lse = *lse;
     fo.sinks = opts.sinks.empty() ? nullptr : opts.sinks.data();
-    attention_forward<A>(make_problem(q, k, v, s, opts), fo, opts.pool);
+    auto p = make_problem(q, k, v, s, opts);
+    if (frame) in_sequence(p, *frame, opts);
+    attention_forward<A>(p, fo, opts.pool);
 }
 
 // The static_assert is the only diagnostic of a wrong element type (double q with float k, a

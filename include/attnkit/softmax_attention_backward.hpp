@@ -36,7 +36,8 @@ void softmax_attention_backward_run(const view<const TQ, 4>& q, const view<const
                                     const view<const TV, 4>& v, const view<const float, 4>& out,
                                     const view<const float, 3>& lse, const view<const float, 4>& d_out,
                                     const view<float, 4>& d_q, const view<float, 4>& d_k, const view<float, 4>& d_v,
-                                    const view<float, 1>* d_sinks, const softmax_options& opts) {
+                                    const view<float, 1>* d_sinks, const softmax_options& opts,
+                                    const sequence_frame* frame = nullptr) {
     const attention_shape s = check_qkv(q, k, v);
     check_max_keys("k", s.len_k, "keys per call (split longer caches and merge_partials)", "Lk", k);
     check_out("out", out, s);
@@ -56,7 +57,8 @@ void softmax_attention_backward_run(const view<const TQ, 4>& q, const view<const
                         {region_of("q", q), region_of("k", k), region_of("v", v), region_of("out", out),
                          region_of("lse", lse), region_of("d_out", d_out)});
 
-    const auto p = make_problem(q, k, v, s, opts);
+    auto p = make_problem(q, k, v, s, opts);
+    if (frame) in_sequence(p, *frame, opts);
     backward::softmax_grad_rows pol;
     pol.softcap = p.tf.softcap;
     backward::gradient_outputs go{d_q, d_k, d_v};

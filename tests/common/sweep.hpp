@@ -22,6 +22,13 @@ inline constexpr bool kReducedSweep = true;
 #else
 inline constexpr bool kReducedSweep = false;
 #endif
+// The sanitizer builds (also reduced) may thin a sweep further where its cases differ only in
+// values, not in the code they reach; each test says where.
+#ifdef ATTNKIT_TEST_SANITIZER_SWEEP
+inline constexpr bool kSanitizerSweep = true;
+#else
+inline constexpr bool kSanitizerSweep = false;
+#endif
 
 // Whether case `index` of a sweep runs with choice `choice` of `n_choices` on the second axis:
 // always in the full sweep, in rotation in the reduced one.

@@ -87,10 +87,16 @@ struct basic_attention_problem {
     // its own O^T accumulators and output rows; all share the row state (m, l).
     index_t n_sets = 1;
     index_t v_set_stride = 0;
+    // A block of one longer sequence (ring attention, sharded decode; set by in_sequence): query
+    // i sits at position q_origin + i and key j at k_origin + j of it, and masks keep their
+    // meaning there. Not framed: the bottom-right rule above.
+    bool framed = false;
+    index_t q_origin = 0, k_origin = 0;
 
     mask_params mask(index_t b) const {
         mask_params mp;
-        mp.offset = s.len_k - s.len_q;
+        mp.offset = framed ? q_origin - k_origin : s.len_k - s.len_q;
+        mp.key_origin = k_origin;
         mp.causal = causal;
         mp.window = window;
         mp.chunk = chunk;
@@ -146,6 +152,25 @@ basic_attention_problem<KVT, QT> make_problem(const view<const QT, 4>& q, const 
     p.window = o.window_left < 0 ? -1 : std::min<index_t>(o.window_left, span);
     p.chunk = o.chunk <= 0 ? 0 : std::min<index_t>(o.chunk, span);
     return p;
+}
+
+// Rows [q_origin, q_origin + Lq) and keys [k_origin, k_origin + Lk) of a sequence of `length`
+// positions: the mask options keep their meaning in that sequence (key_lengths are the caller's,
+// already clipped to the block's keys).
+struct sequence_frame {
+    index_t q_origin = 0, k_origin = 0, length = 0;
+};
+
+// Places problem p in frame f; window and chunk are clamped on the whole sequence's span, as
+// make_problem clamps them on the call's.
+template <class KVT, class QT>
+void in_sequence(basic_attention_problem<KVT, QT>& p, const sequence_frame& f, const softmax_options& o) {
+    p.framed = true;
+    p.q_origin = f.q_origin;
+    p.k_origin = f.k_origin;
+    const index_t span = 2 * f.length + 1;
+    p.window = o.window_left < 0 ? -1 : std::min<index_t>(o.window_left, span);
+    p.chunk = o.chunk <= 0 ? 0 : std::min<index_t>(o.chunk, span);
 }
 
 // Keys [lo, hi) that a query at position `pos` sees, clipped to the piece [ks0, ks1) of the

@@ -18,9 +18,13 @@ struct mask_params {
     index_t window = -1;      // w >= 0: j >= p - w
     index_t chunk = 0;        // c > 0: j in p's block [c floor(p/c), c floor(p/c) + c)
     index_t key_len = 0;      // j < key_len (Lk, or key_lengths[b])
+    // Where key 0 sits in a longer sequence (ring attention's blocks): the chunk mask's blocks
+    // are aligned on that sequence's positions, p + key_origin and j + key_origin. Causal,
+    // window and key_len compare p and j directly, so only chunk needs it.
+    index_t key_origin = 0;
 
     static index_t floor_div(index_t a, index_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-    index_t chunk_begin(index_t p) const { return floor_div(p, chunk) * chunk; }
+    index_t chunk_begin(index_t p) const { return floor_div(p + key_origin, chunk) * chunk - key_origin; }
 
     // Keys [lo, hi) that any position in [p0, p1] may see; empty when hi <= lo.
     void key_range(index_t p0, index_t p1, index_t& lo, index_t& hi) const {
