@@ -81,6 +81,10 @@ std::vector<ring_case> ring_cases() {
     };
     add("none", [](ring_case&) {});
     add("causal", [](ring_case& c) { c.opts.causal = true; });
+    add("causal_mha", [](ring_case& c) {
+        c.opts.causal = true;
+        c.Hk = c.H;
+    });
     add("causal_mqa", [](ring_case& c) {
         c.opts.causal = true;
         c.Hk = 1;
@@ -175,9 +179,10 @@ TEST(RingAttention, SixteenBitStorage) {
     }
 }
 
+template <class T>
 void check_backward(const ring_case& c, sequence_layout layout) {
     SCOPED_TRACE(c.name + (layout == sequence_layout::zigzag ? " zigzag" : " contiguous"));
-    const global_inputs<float> g = make_inputs<float>(c, 29);
+    const global_inputs<T> g = make_inputs<T>(c, 29);
     tensor4<float> out_ref = make_bshd(c.B, c.L, c.H, c.Dv);
     tensor3<float> lse_ref = make_lse(c.B, c.L, c.H);
     attnkit::softmax_attention(g.q, g.k, g.v, out_ref, lse_ref, c.opts);
@@ -186,7 +191,7 @@ void check_backward(const ring_case& c, sequence_layout layout) {
     attnkit::softmax_attention_backward(g.q, g.k, g.v, out_ref, lse_ref, g.d_out, dq_ref, dk_ref, dv_ref, c.opts);
 
     const auto pieces = attnkit::distributed::rank_rows(layout, c.L, world_size(), world_rank());
-    const tensor4<float> q = take_rows(g.q, pieces), k = take_rows(g.k, pieces), v = take_rows(g.v, pieces);
+    const tensor4<T> q = take_rows(g.q, pieces), k = take_rows(g.k, pieces), v = take_rows(g.v, pieces);
     const tensor4<float> out = take_rows(out_ref, pieces), d_out = take_rows(g.d_out, pieces);
     const tensor3<float> lse = take_rows(lse_ref, pieces);
     const index_t n = q.dimension(1);
@@ -215,7 +220,15 @@ void check_backward(const ring_case& c, sequence_layout layout) {
 TEST(RingAttentionBackward, MatchesSingleProcess) {
     for (const ring_case& c : ring_cases())
         for (sequence_layout layout : {sequence_layout::zigzag, sequence_layout::contiguous})
-            check_backward(c, layout);
+            check_backward<float>(c, layout);
+}
+
+TEST(RingAttentionBackward, SixteenBitStorage) {
+    for (const ring_case& c : ring_cases()) {
+        if (c.name != "causal" && c.name != "sinks_softcap") continue;
+        check_backward<Eigen::bfloat16>(c, sequence_layout::zigzag);
+        check_backward<Eigen::half>(c, sequence_layout::contiguous);
+    }
 }
 
 TEST(ShardedDecode, MatchesTheWholeCache) {

@@ -78,45 +78,43 @@ void ring_attention_backward(const Q& q, const K& k, const V& v, const O& out, c
                                                            opts, comm);
 }
 
+namespace detail {
+
+// sharded_decode's two forms: lse null, or a float view.
+template <class Q, class K, class V, class O, class TL>
+void sharded_decode_entry(const Q& q, const K& k_shard, const V& v_shard, O&& out, const view<TL, 3>* lse,
+                          const softmax_options& opts, MPI_Comm comm) {
+    const auto qv = attnkit::detail::q_view(q);
+    const auto kv = attnkit::detail::k_view(k_shard);
+    const auto vv = attnkit::detail::v_view(v_shard);
+    const auto ov = attnkit::detail::out_view(std::forward<O>(out));
+    using TQ = typename decltype(qv)::value_type;
+    using TK = typename decltype(kv)::value_type;
+    constexpr bool kStorage = attnkit::detail::kIsAttentionStorage<TQ, TK, typename decltype(vv)::value_type,
+                                                                   typename decltype(ov)::value_type, TL>;
+    static_assert(kStorage,
+                  "attnkit::distributed::sharded_decode: k and v must be float, Eigen::bfloat16 or Eigen::half tensors "
+                  "of one type, q float or that type, out and lse float");
+    if constexpr (kStorage) detail::sharded_decode<simd::default_arch, TQ, TK>(qv, kv, vv, ov, lse, opts, comm);
+}
+
+}  // namespace detail
+
 // k_shard, v_shard: this rank's key positions [floor(r Lk / P), floor((r + 1) Lk / P)) of a cache
 // of Lk keys (shard_rows); q's Lq queries sit at the cache's end (Lk - Lq + i), as in
 // softmax_attention. Every rank receives the whole out [B, Lq, H, Dv] (and lse).
 template <class Q, class K, class V, class O>
 void sharded_decode(const Q& q, const K& k_shard, const V& v_shard, O&& out, const softmax_options& opts,
                     MPI_Comm comm) {
-    const auto qv = attnkit::detail::q_view(q);
-    const auto kv = attnkit::detail::k_view(k_shard);
-    const auto vv = attnkit::detail::v_view(v_shard);
-    const auto ov = attnkit::detail::out_view(std::forward<O>(out));
-    using TQ = typename decltype(qv)::value_type;
-    using TK = typename decltype(kv)::value_type;
-    constexpr bool kStorage = attnkit::detail::kIsAttentionStorage<TQ, TK, typename decltype(vv)::value_type,
-                                                                   typename decltype(ov)::value_type, float>;
-    static_assert(kStorage,
-                  "attnkit::distributed::sharded_decode: k and v must be float, Eigen::bfloat16 or Eigen::half tensors "
-                  "of one type, q float or that type, out float");
-    if constexpr (kStorage)
-        detail::sharded_decode<simd::default_arch, TQ, TK>(qv, kv, vv, ov, static_cast<const view<float, 3>*>(nullptr),
-                                                            opts, comm);
+    detail::sharded_decode_entry(q, k_shard, v_shard, std::forward<O>(out), static_cast<const view<float, 3>*>(nullptr),
+                                 opts, comm);
 }
 
 template <class Q, class K, class V, class O, class L>
 void sharded_decode(const Q& q, const K& k_shard, const V& v_shard, O&& out, L&& lse, const softmax_options& opts,
                     MPI_Comm comm) {
-    const auto qv = attnkit::detail::q_view(q);
-    const auto kv = attnkit::detail::k_view(k_shard);
-    const auto vv = attnkit::detail::v_view(v_shard);
-    const auto ov = attnkit::detail::out_view(std::forward<O>(out));
     const auto lv = attnkit::detail::lse_view(std::forward<L>(lse));
-    using TQ = typename decltype(qv)::value_type;
-    using TK = typename decltype(kv)::value_type;
-    constexpr bool kStorage = attnkit::detail::kIsAttentionStorage<TQ, TK, typename decltype(vv)::value_type,
-                                                                   typename decltype(ov)::value_type,
-                                                                   typename decltype(lv)::value_type>;
-    static_assert(kStorage,
-                  "attnkit::distributed::sharded_decode: k and v must be float, Eigen::bfloat16 or Eigen::half tensors "
-                  "of one type, q float or that type, out and lse float");
-    if constexpr (kStorage) detail::sharded_decode<simd::default_arch, TQ, TK>(qv, kv, vv, ov, &lv, opts, comm);
+    detail::sharded_decode_entry(q, k_shard, v_shard, std::forward<O>(out), &lv, opts, comm);
 }
 
 }  // namespace distributed

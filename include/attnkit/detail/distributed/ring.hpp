@@ -218,35 +218,58 @@ inline void merge_sinks(const view<float, 4>& out, const view<float, 3>& lse, co
                 ad::merge_row(out.ptr(b, i, h), lse(b, i, h), nullptr, sinks[static_cast<std::size_t>(h)], out.dims[3]);
 }
 
+// What the forward and the backward share: phase one of validation (q, k, v and the layout, then
+// the call's own arguments in `more`), the geometry every rank agrees on, and this rank's K/V
+// copied into the first block to travel (cur; nxt receives the next).
+template <class TK>
+struct ring_setup {
+    comm_info c;
+    ad::attention_shape s{};
+    ring_geometry g;
+    kv_geometry kg{};
+    std::vector<TK> cur, nxt;
+
+    template <class TQ, class More>
+    ring_setup(const char* entry, const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TK, 4>& v,
+               const ring_options& opts, MPI_Comm comm, More&& more)
+        : c(comm) {
+        agree(c, entry, [&] {
+            s = ad::check_qkv(q, k, v);
+            if (s.len_q != s.len_k)
+                ad::fail("q and k: a rank holds the same rows of q, k and v, got q " + attnkit::shape_string(q) +
+                         ", k " + attnkit::shape_string(k));
+            more(s);
+            if (opts.layout != sequence_layout::zigzag && opts.layout != sequence_layout::contiguous)
+                ad::fail("opts.layout: not a sequence_layout");
+        });
+        g = agree_geometry(c, entry, s.len_q, {s.batch, s.heads, s.heads_k, s.dim, s.dim_v}, {"B", "H", "Hk", "D", "Dv"},
+                           opts.attention, static_cast<int>(opts.layout), false, s);
+        kg = kv_geometry{s.batch, s.heads_k, s.dim, s.dim_v};
+        cur.resize(static_cast<std::size_t>(kg.size(g.max_rows)));
+        nxt.resize(cur.size());
+        copy_rows_into(k, kg.k(cur.data(), s.len_k));
+        copy_rows_into(v, kg.v(cur.data(), s.len_k));
+    }
+};
+
 template <class A, class TQ, class TK>
 void ring_forward(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TK, 4>& v,
                   const view<float, 4>& out, const view<float, 3>& lse, const ring_options& opts, MPI_Comm comm) {
-    static constexpr const char* kEntry = "attnkit::distributed::ring_attention";
-    const comm_info c(comm);
-    ad::attention_shape s{};
-    agree(c, kEntry, [&] {
-        s = ad::check_qkv(q, k, v);
-        if (s.len_q != s.len_k)
-            ad::fail("q and k: a rank holds the same rows of q, k and v, got q " + attnkit::shape_string(q) + ", k " +
-                     attnkit::shape_string(k));
+    ring_setup<TK> r("attnkit::distributed::ring_attention", q, k, v, opts, comm, [&](const ad::attention_shape& s) {
         ad::check_out("out", out, s);
         ad::check_lse("lse", lse, s);
         // out is merged into step by step while q is still read: no in-place out.
         ad::check_outputs_apart({ad::region_of("out", out), ad::region_of("lse", lse)},
                                 {ad::region_of("q", q), ad::region_of("k", k), ad::region_of("v", v)});
-        if (opts.layout != sequence_layout::zigzag && opts.layout != sequence_layout::contiguous)
-            ad::fail("opts.layout: not a sequence_layout");
     });
-    const ring_geometry g = agree_geometry(c, kEntry, s.len_q, {s.batch, s.heads, s.heads_k, s.dim, s.dim_v},
-                                           {"B", "H", "Hk", "D", "Dv"}, opts.attention, static_cast<int>(opts.layout), false, s);
+    const comm_info& c = r.c;
+    const ad::attention_shape& s = r.s;
+    const ring_geometry& g = r.g;
+    const kv_geometry& kg = r.kg;
+    std::vector<TK>&cur = r.cur, &nxt = r.nxt;
+    const int P = c.size, me = c.rank, next = (me + 1) % P, prev = (me + P - 1) % P;
     const double t_start = MPI_Wtime();
     double waited = 0.0;
-
-    const int P = c.size, me = c.rank, next = (me + 1) % P, prev = (me + P - 1) % P;
-    const kv_geometry kg{s.batch, s.heads_k, s.dim, s.dim_v};
-    std::vector<TK> cur(static_cast<std::size_t>(kg.size(g.max_rows))), nxt(cur.size());
-    copy_rows_into(k, kg.k(cur.data(), s.len_k));
-    copy_rows_into(v, kg.v(cur.data(), s.len_k));
     clear_result(out, lse);
 
     index_t max_piece = 0;
@@ -300,34 +323,25 @@ void ring_backward(const view<const TQ, 4>& q, const view<const TK, 4>& k, const
                    const view<const float, 4>& out, const view<const float, 3>& lse,
                    const view<const float, 4>& d_out, const view<float, 4>& d_q, const view<float, 4>& d_k,
                    const view<float, 4>& d_v, const ring_options& opts, MPI_Comm comm) {
-    static constexpr const char* kEntry = "attnkit::distributed::ring_attention_backward";
-    const comm_info c(comm);
-    ad::attention_shape s{};
-    agree(c, kEntry, [&] {
-        s = ad::check_qkv(q, k, v);
-        if (s.len_q != s.len_k)
-            ad::fail("q and k: a rank holds the same rows of q, k and v, got q " + attnkit::shape_string(q) + ", k " +
-                     attnkit::shape_string(k));
-        ad::check_out("out", out, s);
-        ad::check_lse("lse", lse, s);
-        ad::check_out("d_out", d_out, s);
-        ad::check_qkv_gradients(d_q, d_k, d_v, s);
-        ad::check_outputs_apart({ad::region_of("d_q", d_q), ad::region_of("d_k", d_k), ad::region_of("d_v", d_v)},
-                                {ad::region_of("q", q), ad::region_of("k", k), ad::region_of("v", v),
-                                 ad::region_of("out", out), ad::region_of("lse", lse), ad::region_of("d_out", d_out)});
-        if (opts.layout != sequence_layout::zigzag && opts.layout != sequence_layout::contiguous)
-            ad::fail("opts.layout: not a sequence_layout");
-    });
-    const ring_geometry g = agree_geometry(c, kEntry, s.len_q, {s.batch, s.heads, s.heads_k, s.dim, s.dim_v},
-                                           {"B", "H", "Hk", "D", "Dv"}, opts.attention, static_cast<int>(opts.layout), false, s);
+    ring_setup<TK> r("attnkit::distributed::ring_attention_backward", q, k, v, opts, comm,
+                     [&](const ad::attention_shape& s) {
+                         ad::check_out("out", out, s);
+                         ad::check_lse("lse", lse, s);
+                         ad::check_out("d_out", d_out, s);
+                         ad::check_qkv_gradients(d_q, d_k, d_v, s);
+                         ad::check_outputs_apart(
+                             {ad::region_of("d_q", d_q), ad::region_of("d_k", d_k), ad::region_of("d_v", d_v)},
+                             {ad::region_of("q", q), ad::region_of("k", k), ad::region_of("v", v),
+                              ad::region_of("out", out), ad::region_of("lse", lse), ad::region_of("d_out", d_out)});
+                     });
+    const comm_info& c = r.c;
+    const ad::attention_shape& s = r.s;
+    const ring_geometry& g = r.g;
+    const kv_geometry& kg = r.kg;
+    std::vector<TK>&cur = r.cur, &nxt = r.nxt;
+    const int P = c.size, me = c.rank, next = (me + 1) % P, prev = (me + P - 1) % P;
     const double t_start = MPI_Wtime();
     double waited = 0.0;
-
-    const int P = c.size, me = c.rank, next = (me + 1) % P, prev = (me + P - 1) % P;
-    const kv_geometry kg{s.batch, s.heads_k, s.dim, s.dim_v};
-    std::vector<TK> cur(static_cast<std::size_t>(kg.size(g.max_rows))), nxt(cur.size());
-    copy_rows_into(k, kg.k(cur.data(), s.len_k));
-    copy_rows_into(v, kg.v(cur.data(), s.len_k));
     // dK/dV of the K/V in hand: this step's contributions (mine), the accumulator arriving from
     // the previous rank (incoming), and the one leaving for the next (outgoing).
     std::vector<float> mine(static_cast<std::size_t>(kg.size(g.max_rows))), incoming(mine.size()),
