@@ -104,6 +104,24 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
     std::vector<char> visible(static_cast<std::size_t>(Lk));
     std::vector<double> acc(static_cast<std::size_t>(Dv));
 
+    // The inputs in double, converted once: the loops below read each query row Lk times and
+    // each key and value row Lq times per query head (a 16-bit element's conversion cost more
+    // than the product it feeds). The conversions are exact, the sums run in the same order.
+    const index_t Hk = s.heads_k;
+    auto dense = [](const auto& x, index_t n1, index_t n2, index_t n3) {
+        std::vector<double> d(static_cast<std::size_t>(x.dims[0] * n1 * n2 * n3));
+        std::size_t at = 0;
+        for (index_t a = 0; a < x.dims[0]; ++a)
+            for (index_t b1 = 0; b1 < n1; ++b1)
+                for (index_t b2 = 0; b2 < n2; ++b2)
+                    for (index_t b3 = 0; b3 < n3; ++b3) d[at++] = to_double(x(a, b1, b2, b3));
+        return d;
+    };
+    const std::vector<double> qd = dense(q, Lq, H, D), kd = dense(k, Lk, Hk, D), vd = dense(v, Lk, Hk, Dv);
+    auto row = [](const std::vector<double>& x, index_t L, index_t heads, index_t n, index_t b, index_t l, index_t h) {
+        return x.data() + ((b * L + l) * heads + h) * n;
+    };
+
     for (index_t b = 0; b < B; ++b) {
         const index_t len =
             opts.key_lengths.empty() ? Lk : static_cast<index_t>(opts.key_lengths[b]);
@@ -121,9 +139,10 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
                     visible[j] = key_visible(opts, p, j, len);
                     if (!visible[j]) continue;
                     ++n_visible;
+                    const double* qr = row(qd, Lq, H, D, b, i, h);
+                    const double* kr = row(kd, Lk, Hk, D, b, j, kvh);
                     double dot = 0.0;
-                    for (index_t d = 0; d < D; ++d)
-                        dot += to_double(q(b, i, h, d)) * to_double(k(b, j, kvh, d));
+                    for (index_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
                     double sj = scale * dot;
                     if (softcap > 0.0) sj = softcap * std::tanh(sj / softcap);
                     score[j] = sj;
@@ -147,7 +166,8 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
                     if (!visible[j]) continue;
                     const double a = std::exp(score[j] - m) / denom;
                     if (weights) (*weights)(b, h, i, j) = a;
-                    for (index_t d = 0; d < Dv; ++d) acc[d] += a * to_double(v(b, j, kvh, d));
+                    const double* vr = row(vd, Lk, Hk, Dv, b, j, kvh);
+                    for (index_t d = 0; d < Dv; ++d) acc[d] += a * vr[d];
                 }
                 for (index_t d = 0; d < Dv; ++d) out(b, i, h, d) = static_cast<TO>(acc[d]);
                 if (lse) (*lse)(b, i, h) = static_cast<TL>(m + std::log(denom));

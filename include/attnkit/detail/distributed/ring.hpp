@@ -249,6 +249,16 @@ struct ring_setup {
         nxt.resize(cur.size());
         copy_rows_into(k, kg.k(cur.data(), s.len_k));
         copy_rows_into(v, kg.v(cur.data(), s.len_k));
+        t_start = MPI_Wtime();
+    }
+
+    double t_start = 0.0, waited = 0.0;  // seconds: MPI_Wtime at the first step, blocked on transfers
+
+    void report(const ring_options& opts) const {
+        if (!opts.stats) return;
+        opts.stats->wait_seconds = waited;
+        opts.stats->compute_seconds = MPI_Wtime() - t_start - waited;
+        opts.stats->steps = c.size;
     }
 };
 
@@ -268,8 +278,7 @@ void ring_forward(const view<const TQ, 4>& q, const view<const TK, 4>& k, const 
     const kv_geometry& kg = r.kg;
     std::vector<TK>&cur = r.cur, &nxt = r.nxt;
     const int P = c.size, me = c.rank, next = (me + 1) % P, prev = (me + P - 1) % P;
-    const double t_start = MPI_Wtime();
-    double waited = 0.0;
+    double& waited = r.waited;
     clear_result(out, lse);
 
     index_t max_piece = 0;
@@ -311,11 +320,7 @@ void ring_forward(const view<const TQ, 4>& q, const view<const TK, 4>& k, const 
         std::swap(cur, nxt);
     }
     merge_sinks(out, lse, opts.attention.sinks);
-    if (opts.stats) {
-        opts.stats->wait_seconds = waited;
-        opts.stats->compute_seconds = MPI_Wtime() - t_start - waited;
-        opts.stats->steps = P;
-    }
+    r.report(opts);
 }
 
 template <class A, class TQ, class TK>
@@ -340,8 +345,7 @@ void ring_backward(const view<const TQ, 4>& q, const view<const TK, 4>& k, const
     const kv_geometry& kg = r.kg;
     std::vector<TK>&cur = r.cur, &nxt = r.nxt;
     const int P = c.size, me = c.rank, next = (me + 1) % P, prev = (me + P - 1) % P;
-    const double t_start = MPI_Wtime();
-    double waited = 0.0;
+    double& waited = r.waited;
     // dK/dV of the K/V in hand: this step's contributions (mine), the accumulator arriving from
     // the previous rank (incoming), and the one leaving for the next (outgoing).
     std::vector<float> mine(static_cast<std::size_t>(kg.size(g.max_rows))), incoming(mine.size()),
@@ -424,11 +428,7 @@ void ring_backward(const view<const TQ, 4>& q, const view<const TK, 4>& k, const
                 std::copy_n(ok.ptr(b, l, h), s.dim, d_k.ptr(b, l, h));
                 std::copy_n(ov.ptr(b, l, h), s.dim_v, d_v.ptr(b, l, h));
             }
-    if (opts.stats) {
-        opts.stats->wait_seconds = waited;
-        opts.stats->compute_seconds = MPI_Wtime() - t_start - waited;
-        opts.stats->steps = P;
-    }
+    r.report(opts);
 }
 
 template <class A, class TQ, class TK>
