@@ -19,6 +19,7 @@
 #include "common/compare.hpp"
 #include "common/errors.hpp"
 #include "common/random.hpp"
+#include "common/sweep.hpp"
 #include "common/tensor.hpp"
 
 namespace {
@@ -135,7 +136,9 @@ TEST(static_qk_attention, large_batch_scale_and_strided_views) {
 
 // The kernel, the map and the oracle agree; the map's last rows equal the kernel's.
 TEST(static_qk_attention, kernel_map_and_reference_agree) {
-    for (const shape& s : {shape{8, 300, 290, 8, 8, 64, 64}, shape{3, 131, 131, 6, 2, 2 * W + 1, W - 1 > 0 ? W - 1 : 1}}) {
+    // Under a sanitizer the first shape has fewer batch items (the same rows, fewer of them).
+    const index_t B0 = kSanitizerSweep ? 2 : 8;
+    for (const shape& s : {shape{B0, 300, 290, 8, 8, 64, 64}, shape{3, 131, 131, 6, 2, 2 * W + 1, W - 1 > 0 ? W - 1 : 1}}) {
         SCOPED_TRACE(describe(s));
         const problem p = make_problem(s, distribution::gaussian, 900);
         const tolerance tol = tolerance_for(kK, p.magnitude);

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "attnkit/detail/function_ref.hpp"
 #include "attnkit/detail/row_kernel.hpp"
 #include "attnkit/detail/row_transform.hpp"
 #include "attnkit/detail/scratch.hpp"
@@ -100,7 +101,9 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
     };
     scratch_slots scratch;
     // emit(set, r, o, summary) for every row of the item, under policy `rp` (pol or its rescaled()).
-    auto run = [&](const auto& rp, const row_block& rb, index_t ks0, index_t ks1, auto&& emit) {
+    // One instantiation of each kernel serves every callback below (function_ref.hpp).
+    using emit_fn = function_ref<void(index_t, index_t, float*, float)>;
+    auto run = [&](const Policy& rp, const row_block& rb, index_t ks0, index_t ks1, emit_fn emit) {
         scratch_lease buf(scratch);
         if (pl.row_path)
             row_kernel<A>(p, rp, rb, ks0, ks1, buf.get(), [&](index_t r, float* o, float sum) { emit(0, r, o, sum); });

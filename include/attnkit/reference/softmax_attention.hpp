@@ -47,16 +47,12 @@
 #include "attnkit/config.hpp"
 #include "attnkit/detail/check.hpp"
 #include "attnkit/options.hpp"
+#include "attnkit/reference/dense.hpp"
 #include "attnkit/view.hpp"
 
 namespace attnkit {
 namespace reference {
 namespace softmax_impl {
-
-template <class T>
-double to_double(const T& x) {
-    return static_cast<double>(x);
-}
 
 // floor(a / b) for b > 0, also for negative a (query positions are negative when Lq > Lk).
 inline index_t floor_div(index_t a, index_t b) {
@@ -104,23 +100,8 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
     std::vector<char> visible(static_cast<std::size_t>(Lk));
     std::vector<double> acc(static_cast<std::size_t>(Dv));
 
-    // The inputs in double, converted once: the loops below read each query row Lk times and
-    // each key and value row Lq times per query head (a 16-bit element's conversion cost more
-    // than the product it feeds). The conversions are exact, the sums run in the same order.
-    const index_t Hk = s.heads_k;
-    auto dense = [](const auto& x, index_t n1, index_t n2, index_t n3) {
-        std::vector<double> d(static_cast<std::size_t>(x.dims[0] * n1 * n2 * n3));
-        std::size_t at = 0;
-        for (index_t a = 0; a < x.dims[0]; ++a)
-            for (index_t b1 = 0; b1 < n1; ++b1)
-                for (index_t b2 = 0; b2 < n2; ++b2)
-                    for (index_t b3 = 0; b3 < n3; ++b3) d[at++] = to_double(x(a, b1, b2, b3));
-        return d;
-    };
-    const std::vector<double> qd = dense(q, Lq, H, D), kd = dense(k, Lk, Hk, D), vd = dense(v, Lk, Hk, Dv);
-    auto row = [](const std::vector<double>& x, index_t L, index_t heads, index_t n, index_t b, index_t l, index_t h) {
-        return x.data() + ((b * L + l) * heads + h) * n;
-    };
+    // The inputs in double, converted once (reference/dense.hpp): exact, same summation order.
+    const dense_impl::dense_bshd qd(q), kd(k), vd(v);
 
     for (index_t b = 0; b < B; ++b) {
         const index_t len =
@@ -139,8 +120,8 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
                     visible[j] = key_visible(opts, p, j, len);
                     if (!visible[j]) continue;
                     ++n_visible;
-                    const double* qr = row(qd, Lq, H, D, b, i, h);
-                    const double* kr = row(kd, Lk, Hk, D, b, j, kvh);
+                    const double* qr = qd.row(b, i, h);
+                    const double* kr = kd.row(b, j, kvh);
                     double dot = 0.0;
                     for (index_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
                     double sj = scale * dot;
@@ -166,7 +147,7 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
                     if (!visible[j]) continue;
                     const double a = std::exp(score[j] - m) / denom;
                     if (weights) (*weights)(b, h, i, j) = a;
-                    const double* vr = row(vd, Lk, Hk, Dv, b, j, kvh);
+                    const double* vr = vd.row(b, j, kvh);
                     for (index_t d = 0; d < Dv; ++d) acc[d] += a * vr[d];
                 }
                 for (index_t d = 0; d < Dv; ++d) out(b, i, h, d) = static_cast<TO>(acc[d]);

@@ -40,6 +40,7 @@
 #include "attnkit/detail/check.hpp"
 #include "attnkit/detail/taylor/check.hpp"
 #include "attnkit/options.hpp"
+#include "attnkit/reference/dense.hpp"
 #include "attnkit/view.hpp"
 
 namespace attnkit {
@@ -75,16 +76,20 @@ void quadratic(const view<const TQ, 4>& q, const view<const TK, 4>& k, const vie
     }
     std::vector<double> w(static_cast<std::size_t>(Lk));
     std::vector<double> acc(static_cast<std::size_t>(Dv));
+    // The inputs in double, converted once (reference/dense.hpp): exact, same summation order.
+    const dense_impl::dense_bshd qd(q), kd(k), vd(v);
     for (index_t b = 0; b < B; ++b) {
         const index_t len = opts.key_lengths.empty() ? Lk : static_cast<index_t>(opts.key_lengths[b]);
         for (index_t h = 0; h < H; ++h) {
             const index_t kvh = h / s.group();
             for (index_t i = 0; i < Lq; ++i) {
                 const index_t n = visible_prefix(opts, i, Lq, Lk, len);
+                const double* qr = qd.row(b, i, h);
                 double den = 0.0;
                 for (index_t j = 0; j < n; ++j) {
+                    const double* kr = kd.row(b, j, kvh);
                     double dot = 0.0;
-                    for (index_t d = 0; d < D; ++d) dot += to_double(q(b, i, h, d)) * to_double(k(b, j, kvh, d));
+                    for (index_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
                     const double sj = scale * dot;
                     w[j] = 1.0 + sj + 0.5 * sj * sj;
                     den += w[j];
@@ -95,7 +100,8 @@ void quadratic(const view<const TQ, 4>& q, const view<const TK, 4>& k, const vie
                     for (index_t j = 0; j < n; ++j) {
                         const double a = w[j] / den;
                         if (weights) (*weights)(b, h, i, j) = a;
-                        for (index_t d = 0; d < Dv; ++d) acc[d] += a * to_double(v(b, j, kvh, d));
+                        const double* vr = vd.row(b, j, kvh);
+                        for (index_t d = 0; d < Dv; ++d) acc[d] += a * vr[d];
                     }
                 }
                 for (index_t d = 0; d < Dv; ++d) out(b, i, h, d) = static_cast<TO>(acc[d]);
