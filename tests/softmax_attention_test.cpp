@@ -451,21 +451,6 @@ const char* storage_name(storage st) {
     return "?";
 }
 
-// Element by element (Eigen's vectorised cast would pull its own AVX-512 conversion code into
-// the test, with GCC 12's false -Wmaybe-uninitialized in it).
-template <class T>
-tensor4<T> stored_as(const tensor4<float>& x) {
-    tensor4<T> y(x.dimensions());
-    for (index_t i = 0; i < x.size(); ++i) y.data()[i] = T(x.data()[i]);
-    return y;
-}
-template <class T>
-tensor4<float> widened(const tensor4<T>& x) {
-    tensor4<float> y(x.dimensions());
-    for (index_t i = 0; i < x.size(); ++i) y.data()[i] = static_cast<float>(x.data()[i]);
-    return y;
-}
-
 // The kernel on (q, k, v) of storage st against the reference on the same stored values.
 template <class T>
 void check_storage(const tensor4<float>& q32, const tensor4<float>& k32, const tensor4<float>& v32,

@@ -17,6 +17,7 @@
 //   sequence_view(x, t0, n)                positions [t0, t0 + n) of a [B, L, H, D] tensor as a
 //                                          view into it (no copy: x's strides)
 //   sequence_rows(x, t0, n)                the same positions as a dense tensor of their own
+//   stored_as<T>(x) / widened(x)           x rounded to a 16-bit type T / back to float (exact)
 #pragma once
 
 #include <array>
@@ -120,6 +121,22 @@ Eigen::Tensor<T, 4, Eigen::RowMajor> sequence_rows(const Eigen::Tensor<T, 4, Eig
         for (index_t t = 0; t < n; ++t)
             for (index_t h = 0; h < s.dims[2]; ++h)
                 for (index_t d = 0; d < s.dims[3]; ++d) y(b, t, h, d) = *s.ptr(b, t, h, d);
+    return y;
+}
+
+// x rounded to a 16-bit storage type T, and such a tensor widened back to float (exact). Element
+// by element: Eigen's vectorised cast would pull its own AVX-512 conversion code into the test,
+// with GCC 12's false -Wmaybe-uninitialized in it.
+template <class T>
+tensor4<T> stored_as(const tensor4<float>& x) {
+    tensor4<T> y(x.dimensions());
+    for (index_t i = 0; i < x.size(); ++i) y.data()[i] = T(x.data()[i]);
+    return y;
+}
+template <class T>
+tensor4<float> widened(const tensor4<T>& x) {
+    tensor4<float> y(x.dimensions());
+    for (index_t i = 0; i < x.size(); ++i) y.data()[i] = static_cast<float>(x.data()[i]);
     return y;
 }
 

@@ -16,7 +16,9 @@
 //  - no horizontal sum per key: a step's dot products leave as vectors and are reduced together
 //    by one transposing reduction (simd::hsum_each);
 //  - K and V stored as bfloat16 or half are converted in the loads (simd/convert.hpp): half the
-//    bytes, the same float arithmetic;
+//    bytes, the same float arithmetic; with GQA each converted vector serves up to four query
+//    rows of its key/value head (kGroupRows), so a head's K and V are converted once, not once
+//    per query head;
 //  - keys a row does not see are skipped, never weighted by 0, so that a NaN or Inf in their
 //    rows stays out of it (0 * Inf = NaN).
 #pragma once
@@ -169,6 +171,130 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, index_t p_s
     }
 }
 
+// GQA: the query rows of one key/value head share every K and V row they read. With 16-bit K/V
+// the conversion of a loaded vector to float costs about as much as the FMAs it feeds, so the
+// rows of a head are taken RB at a time against each loaded vector (kGroupRows). Float K/V gain
+// nothing from it: their vectors are used as loaded, and the loads are the same in number.
+// Scores by vdpbf16ps (kDotBf16) convert nothing and stay one row at a time.
+template <class A, class T>
+constexpr bool kGroupRows = !std::is_same<T, float>::value && !std::is_same<A, simd::scalar_arch>::value;
+
+// out[r * out_row + u * out_stride] = <q_r, k_u> (q_r = q + r * q_stride) for RB rows and
+// kRowScoreKeys keys: the keys in RB passes of kRowScoreKeys / RB, so that the RB * KS
+// accumulators of a pass number kRowScoreKeys, as in score_keys; each key vector is loaded and
+// converted once per pass for all RB rows. Sums in the same order as score_keys per (row, key).
+template <class A, class T, index_t RB>
+ATTNKIT_ALWAYS_INLINE void score_keys_rows(const float* q, index_t q_stride, const T* k, index_t k_stride,
+                                           index_t dim, float* out, index_t out_stride, index_t out_row) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    constexpr index_t KG = kRowScoreKeys;
+    constexpr index_t KS = KG / RB;
+    static_assert(KG % RB == 0, "passes must tile the step");
+    for (index_t u0 = 0; u0 < KG; u0 += KS) {
+        const T* kp = k + u0 * k_stride;
+        V acc[RB * KS];
+        for (index_t i = 0; i < RB * KS; ++i) acc[i] = V(0.0f);
+        index_t d = 0;
+        if constexpr (kPairOrder<A, T>) {
+            for (; d + 2 * W <= dim; d += 2 * W) {
+#pragma GCC unroll 8
+                for (index_t u = 0; u < KS; ++u) {
+                    V e, o;
+                    simd::load_bf16_pairs<A>(kp + u * k_stride + d, e, o);
+#pragma GCC unroll 4
+                    for (index_t r = 0; r < RB; ++r) {
+                        const float* qr = q + r * q_stride + d;
+                        acc[r * KS + u] =
+                            simd::fma(simd::loadu<A>(qr + W), o, simd::fma(simd::loadu<A>(qr), e, acc[r * KS + u]));
+                    }
+                }
+            }
+        }
+        for (; d + W <= dim; d += W) {
+#pragma GCC unroll 8
+            for (index_t u = 0; u < KS; ++u) {
+                const V kv = simd::load_float<A>(kp + u * k_stride + d);
+#pragma GCC unroll 4
+                for (index_t r = 0; r < RB; ++r)
+                    acc[r * KS + u] = simd::fma(simd::loadu<A>(q + r * q_stride + d), kv, acc[r * KS + u]);
+            }
+        }
+        if (d < dim) {
+            for (index_t u = 0; u < KS; ++u) {
+                const V kv = simd::load_float_partial<A>(kp + u * k_stride + d, dim - d);
+                for (index_t r = 0; r < RB; ++r)
+                    acc[r * KS + u] = simd::fma(simd::loadu<A>(q + r * q_stride + d), kv, acc[r * KS + u]);
+            }
+        }
+        constexpr index_t N = RB * KS;
+        constexpr index_t NG = (N + W - 1) / W;
+        for (index_t g = 0; g < NG; ++g) {
+            V all[W];
+            for (index_t i = 0; i < W; ++i) all[i] = g * W + i < N ? acc[g * W + i] : V(0.0f);
+            alignas(64) float sums[W];
+            simd::storeu(sums, simd::hsum_each(all));
+            for (index_t i = 0; i < W && g * W + i < N; ++i) {
+                const index_t r = (g * W + i) / KS, u = (g * W + i) % KS;
+                out[r * out_row + (u0 + u) * out_stride] = sums[i];
+            }
+        }
+    }
+}
+
+// o_r += sum_u p_r[u * p_stride] v_u (o_r = o + r * o_row, p_r = p + r * p_row) for RB rows
+// over kRowValueKeys value rows, each value vector loaded and converted once for all RB rows.
+// Per row the same operations in the same order as accumulate_keys.
+template <class A, class T, index_t RB>
+ATTNKIT_ALWAYS_INLINE void accumulate_keys_rows(float* o, index_t o_row, const float* p, index_t p_stride,
+                                                index_t p_row, const T* v, index_t v_stride, index_t dim_v) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    constexpr index_t KU = kRowValueKeys;
+    index_t c = 0;
+    if constexpr (kPairOrder<A, T>) {
+        for (; c + 2 * W <= dim_v; c += 2 * W) {
+            V ae[RB], ao[RB];
+            for (index_t r = 0; r < RB; ++r) {
+                ae[r] = simd::loadu<A>(o + r * o_row + c);
+                ao[r] = simd::loadu<A>(o + r * o_row + c + W);
+            }
+#pragma GCC unroll 8
+            for (index_t u = 0; u < KU; ++u) {
+                V e, od;
+                simd::load_bf16_pairs<A>(v + u * v_stride + c, e, od);
+#pragma GCC unroll 4
+                for (index_t r = 0; r < RB; ++r) {
+                    const V pv(p[r * p_row + u * p_stride]);
+                    ae[r] = simd::fma(pv, e, ae[r]);
+                    ao[r] = simd::fma(pv, od, ao[r]);
+                }
+            }
+            for (index_t r = 0; r < RB; ++r) {
+                simd::storeu(o + r * o_row + c, ae[r]);
+                simd::storeu(o + r * o_row + c + W, ao[r]);
+            }
+        }
+    }
+    for (; c + W <= dim_v; c += W) {
+        V a[RB];
+        for (index_t r = 0; r < RB; ++r) a[r] = simd::loadu<A>(o + r * o_row + c);
+#pragma GCC unroll 8
+        for (index_t u = 0; u < KU; ++u) {
+            const V vv = simd::load_float<A>(v + u * v_stride + c);
+#pragma GCC unroll 4
+            for (index_t r = 0; r < RB; ++r) a[r] = simd::fma(V(p[r * p_row + u * p_stride]), vv, a[r]);
+        }
+        for (index_t r = 0; r < RB; ++r) simd::storeu(o + r * o_row + c, a[r]);
+    }
+    for (; c < dim_v; ++c)
+        for (index_t r = 0; r < RB; ++r) {
+            float a = o[r * o_row + c];
+            for (index_t u = 0; u < KU; ++u) a += p[r * p_row + u * p_stride] * simd::to_float(v[u * v_stride + c]);
+            o[r * o_row + c] = a;
+        }
+}
+
 // o += p v for one value row.
 template <class A, class T>
 ATTNKIT_ALWAYS_INLINE void axpy(float* o, float p, const T* v, index_t dim_v) {
@@ -252,10 +378,27 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         // Scores, KG keys at a time, head by head; K rows shared by a head's rows. The KG keys
         // of a step are sj apart: KG sequential streams through the block (see the header).
         const index_t sj = nk / KG;
+        // Rows [r, r + n) of a head when any of them sees the block (a row that does not gets
+        // scores nobody reads).
+        auto any_active = [&](index_t r, index_t n) {
+            for (index_t i = r; i < r + n; ++i)
+                if (active(i)) return true;
+            return false;
+        };
         for (index_t t = 0; t < sj; ++t) {
             for (index_t h = 0; h < rb.n_hk; ++h) {
                 const KT* kr = kb + t * ksl + h * ksh;
-                for (index_t r = h * RH; r < (h + 1) * RH; ++r)
+                index_t r = h * RH;
+                const index_t r_end = r + RH;
+                if constexpr (kGroupRows<A, KT> && !kDotBf16<A, KT>) {
+                    for (; r + 4 <= r_end; r += 4)
+                        if (any_active(r, 4))
+                            score_keys_rows<A, KT, 4>(qs + r * Dp, Dp, kr, sj * ksl, D, sc + r * BK + t, sj, BK);
+                    for (; r + 2 <= r_end; r += 2)
+                        if (any_active(r, 2))
+                            score_keys_rows<A, KT, 2>(qs + r * Dp, Dp, kr, sj * ksl, D, sc + r * BK + t, sj, BK);
+                }
+                for (; r < r_end; ++r)
                     if (active(r)) score_keys<A>(qs + r * Dp, qx_row(r), kr, sj * ksl, D, sc + r * BK + t, sj);
             }
         }
@@ -282,18 +425,34 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         const index_t sv = nk / KU;
         for (index_t t = 0; t < sv; ++t) {
             const index_t key = j0 + t, last = key + (KU - 1) * sv;
+            auto sees_all = [&](index_t r) { return lo[r] <= key && hi[r] > last; };
+            auto value_row = [&](index_t r, const VT* vr) {
+                const float* pr = sc + r * BK + t;
+                if (sees_all(r)) {
+                    accumulate_keys<A>(o + r * Dv, pr, sv, vr, sv * vsl, Dv);
+                } else {
+                    for (index_t u = 0; u < KU; ++u)
+                        if (key + u * sv >= lo[r] && key + u * sv < hi[r])
+                            axpy<A>(o + r * Dv, pr[u * sv], vr + u * sv * vsl, Dv);
+                }
+            };
+            // Rows [r, r + n) of a head together when each sees all KU keys of the step.
+            auto all_see = [&](index_t r, index_t n) {
+                for (index_t i = r; i < r + n; ++i)
+                    if (!sees_all(i)) return false;
+                return true;
+            };
             for (index_t h = 0; h < rb.n_hk; ++h) {
                 const VT* vr = vb + (key - j0) * vsl + h * vsh;
-                for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
-                    const float* pr = sc + r * BK + t;
-                    if (lo[r] <= key && hi[r] > last) {
-                        accumulate_keys<A>(o + r * Dv, pr, sv, vr, sv * vsl, Dv);
-                    } else {
-                        for (index_t u = 0; u < KU; ++u)
-                            if (key + u * sv >= lo[r] && key + u * sv < hi[r])
-                                axpy<A>(o + r * Dv, pr[u * sv], vr + u * sv * vsl, Dv);
-                    }
+                index_t r = h * RH;
+                const index_t r_end = r + RH;
+                if constexpr (kGroupRows<A, VT>) {
+                    for (; r + 4 <= r_end && all_see(r, 4); r += 4)
+                        accumulate_keys_rows<A, VT, 4>(o + r * Dv, Dv, sc + r * BK + t, sv, BK, vr, sv * vsl, Dv);
+                    for (; r + 2 <= r_end && all_see(r, 2); r += 2)
+                        accumulate_keys_rows<A, VT, 2>(o + r * Dv, Dv, sc + r * BK + t, sv, BK, vr, sv * vsl, Dv);
                 }
+                for (; r < r_end; ++r) value_row(r, vr);
             }
         }
         for (index_t j = sv * KU; j < nk; ++j) {
