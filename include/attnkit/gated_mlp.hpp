@@ -112,12 +112,11 @@ void gated_mlp_impl(const view<const float, R>& x, const view<const float, 2>& w
     }
 
     const auto wg = weight_matrix(w_gate), wu = weight_matrix(w_up), wd = weight_matrix(w_down);
-    scratch_slots slots;
     const std::size_t need = static_cast<std::size_t>(2 * max_rows * s.width);
     parallel_for(opts.pool, static_cast<std::int64_t>(blocks.size()), [&](std::int64_t i) {
         const block& b = blocks[static_cast<std::size_t>(i)];
         const mlp_segment& g = segs[static_cast<std::size_t>(b.seg)];
-        scratch_lease lease(slots);
+        scratch_lease<> lease;
         std::vector<float>& buf = lease.get();
         if (buf.size() < need) buf.resize(need);
         gated_mlp_block<A>(g.x.row_block(b.r0, b.r1), wg, wu, wd, g.out.row_block(b.r0, b.r1), buf.data());

@@ -122,8 +122,10 @@ void paged_attention_impl(const view<const TQ, 3>& q3, const view<const TK, 4>& 
                  shape_string(q3) + ", k_pages " + shape_string(kp) + ")");
         check_out("out", out, s);
         if (rows.has_lse) check_lse("lse", rows.lse, s);
-        const std::vector<std::int64_t> q_len =
-            check_cu_seqlens("kv.cu_seqlens_q", kv.cu_seqlens_q, s.len_q, "q", shape_string(q3));
+        // Per-thread scratch (detail/scratch.hpp): a decode step allocates nothing after the first.
+        scratch_lease<std::int64_t> q_len_lease, q_start_lease;
+        std::vector<std::int64_t>& q_len = q_len_lease.get();
+        check_cu_seqlens("kv.cu_seqlens_q", kv.cu_seqlens_q, s.len_q, "q", [&] { return shape_string(q3); }, q_len);
         check_paged_kv(kv, kp, vp, q_len);
         s.batch = static_cast<index_t>(q_len.size());
         s.len_q = q_len.empty() ? 0 : *std::max_element(q_len.begin(), q_len.end());
@@ -139,7 +141,8 @@ void paged_attention_impl(const view<const TQ, 3>& q3, const view<const TK, 4>& 
                             {in_place(region_of("q", q), kOutIsQ), region_of("k_pages", kp),
                              region_of("v_pages", vp)});
 
-        std::vector<std::int64_t> q_start(kv.cu_seqlens_q.begin(), kv.cu_seqlens_q.end() - 1);
+        std::vector<std::int64_t>& q_start = q_start_lease.get();
+        q_start.assign(kv.cu_seqlens_q.begin(), kv.cu_seqlens_q.end() - 1);
         auto paged = [&](const auto& pages) {
             strided_rows_t<std::remove_const_t<std::remove_pointer_t<decltype(pages.data)>>> r =
                 rows_of(pages);

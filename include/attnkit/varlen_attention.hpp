@@ -51,10 +51,12 @@ void softmax_attention_varlen_impl(const view<const TQ, 3>& q3, const view<const
         attention_shape s = check_qkv(q, k, v);
         check_out("out", out, s);
         if (rows.has_lse) check_lse("lse", rows.lse, s);
-        const std::vector<std::int64_t> q_len =
-            check_cu_seqlens("cu_seqlens_q", cu_q, s.len_q, "q", shape_string(q3));
-        const std::vector<std::int64_t> k_len =
-            check_cu_seqlens("cu_seqlens_k", cu_k, s.len_k, "k", shape_string(k3));
+        // Per-thread scratch (detail/scratch.hpp): a call allocates nothing after the first.
+        scratch_lease<std::int64_t> q_len_lease, k_len_lease, q_start_lease, k_start_lease;
+        std::vector<std::int64_t>& q_len = q_len_lease.get();
+        std::vector<std::int64_t>& k_len = k_len_lease.get();
+        check_cu_seqlens("cu_seqlens_q", cu_q, s.len_q, "q", [&] { return shape_string(q3); }, q_len);
+        check_cu_seqlens("cu_seqlens_k", cu_k, s.len_k, "k", [&] { return shape_string(k3); }, k_len);
         if (q_len.size() != k_len.size())
             fail("cu_seqlens_k: expected B + 1 = " + number(cu_q.size()) +
                  " offsets as cu_seqlens_q, got " + number(cu_k.size()));
@@ -66,8 +68,10 @@ void softmax_attention_varlen_impl(const view<const TQ, 3>& q3, const view<const
         check_packed_options(opts, s);
         check_attention_memory(q, k, v, out, rows.lse_ptr());
 
-        std::vector<std::int64_t> q_start(cu_q.begin(), cu_q.end() - 1),
-            k_start(cu_k.begin(), cu_k.end() - 1);
+        std::vector<std::int64_t>& q_start = q_start_lease.get();
+        std::vector<std::int64_t>& k_start = k_start_lease.get();
+        q_start.assign(cu_q.begin(), cu_q.end() - 1);
+        k_start.assign(cu_k.begin(), cu_k.end() - 1);
         strided_rows_t<TK> kr = rows_of(k), vr = rows_of(v);
         kr.start = vr.start = k_start.data();
         packed_forward<A>(q, kr, vr, s, q_start, q_len, k_len, out, rows.lse_ptr(), opts);

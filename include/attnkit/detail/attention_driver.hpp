@@ -99,12 +99,11 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
         rb.n_pos = std::max<index_t>(0, std::min(rb.n_pos, p.query_len(rb.b) - rb.i0));
         return rb;
     };
-    scratch_slots scratch;
     // emit(set, r, o, summary) for every row of the item, under policy `rp` (pol or its rescaled()).
     // One instantiation of each kernel serves every callback below (function_ref.hpp).
     using emit_fn = function_ref<void(index_t, index_t, float*, float)>;
     auto run = [&](const Policy& rp, const row_block& rb, index_t ks0, index_t ks1, emit_fn emit) {
-        scratch_lease buf(scratch);
+        scratch_lease<> buf;
         if (pl.row_path)
             row_kernel<A>(p, rp, rb, ks0, ks1, buf.get(), [&](index_t r, float* o, float sum) { emit(0, r, o, sum); });
         else
@@ -182,8 +181,11 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
     // Split-KV: each piece writes its emitted rows, then rows merge pieces in order.
     const index_t rows_max = pl.n_pos * s.group() * (pl.row_path ? s.heads_k : 1);
     const index_t part_rows = pl.n_items * pl.n_split * n_sets * rows_max;
-    std::vector<float> part_o(static_cast<std::size_t>(part_rows * Dv));
-    std::vector<float> part_sum(static_cast<std::size_t>(part_rows));
+    scratch_lease<> part_o_lease, part_sum_lease;  // this thread's; the workers fill them
+    std::vector<float>& part_o = part_o_lease.get();
+    std::vector<float>& part_sum = part_sum_lease.get();
+    part_o.resize(static_cast<std::size_t>(part_rows * Dv));
+    part_sum.resize(static_cast<std::size_t>(part_rows));
     // Row r of set `set` of piece sp of item it.
     auto part_row = [&](index_t it, index_t sp, index_t set, index_t r) {
         return ((it * pl.n_split + sp) * n_sets + set) * rows_max + r;
@@ -215,7 +217,9 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& 
     parallel_for(pool, pl.n_items, [&](index_t it) {
         const row_block rb = item(it);
         if (rb.n_pos == 0) return;
-        std::vector<float> o(static_cast<std::size_t>(Dv));
+        scratch_lease<> o_lease;
+        std::vector<float>& o = o_lease.get();
+        o.resize(static_cast<std::size_t>(Dv));
         held_rows held;
         auto row_of = [&](index_t sp, index_t set, index_t r) { return part_row(it, sp, set, r); };
         for (index_t set = 0; set < n_sets; ++set)

@@ -38,7 +38,6 @@ constexpr long kOverlapBudget = 1L << 20;
 // into `run`. `span` is the distance from base to one past the last byte.
 struct memory_region {
     const char* name = "";
-    std::string shape;
     bool empty = true;
     bool zero_stride = false;  // a dimension of size > 1 with stride 0: elements coincide
     std::uintptr_t base = 0;
@@ -51,6 +50,17 @@ struct memory_region {
     std::size_t elem = 0;
     std::array<index_t, kMaxRegionRank> view_dims{}, view_strides{};
     int view_rank = 0;
+
+    // "[d0, d1, ...]" of the view, for messages: built only when one is thrown, so that a
+    // valid call allocates nothing here.
+    std::string shape() const {
+        std::string s = "[";
+        for (int i = 0; i < view_rank; ++i) {
+            if (i) s += ", ";
+            s += std::to_string(view_dims[static_cast<std::size_t>(i)]);
+        }
+        return s + "]";
+    }
 
     std::uintptr_t lo() const { return base; }
     std::uintptr_t hi() const {  // one past the last byte, saturated at the top of the address space
@@ -65,7 +75,6 @@ memory_region region_of(const char* name, const view<T, N>& v) {
     static_assert(N <= kMaxRegionRank, "region_of: rank too large");
     memory_region r;
     r.name = name;
-    r.shape = shape_string(v);
     r.data = static_cast<const void*>(v.data);
     r.elem = sizeof(T);
     r.view_rank = N;
@@ -179,8 +188,8 @@ inline bool regions_overlap(const memory_region& a, const memory_region& b) {
 }
 
 [[noreturn]] inline void fail_overlap(const memory_region& o, const memory_region& x) {
-    throw std::invalid_argument(std::string("attnkit: ") + o.name + " " + o.shape + " and " + x.name + " " +
-                                x.shape +
+    throw std::invalid_argument(std::string("attnkit: ") + o.name + " " + o.shape() + " and " + x.name + " " +
+                                x.shape() +
                                 " overlap in memory: an output must not share memory with an input or "
                                 "another output (only an exact in-place output, the very same view as "
                                 "an input that allows it, may)");
@@ -197,7 +206,7 @@ inline void check_outputs_apart(std::initializer_list<memory_region> outputs,
             std::string st = "[";
             for (int i = 0; i < o.view_rank; ++i) st += (i ? ", " : "") + std::to_string(o.view_strides[i]);
             throw std::invalid_argument(std::string("attnkit: ") + o.name + ": strides " + st + "] of shape " +
-                                        o.shape +
+                                        o.shape() +
                                         " make its elements overlap in memory (an output needs its own "
                                         "memory for every element; zero strides are for inputs only)");
         }

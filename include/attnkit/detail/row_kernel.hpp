@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "attnkit/detail/attention_problem.hpp"
+#include "attnkit/detail/scratch.hpp"
 #include "attnkit/detail/tile_traits.hpp"
 #include "attnkit/simd/convert.hpp"
 
@@ -339,14 +340,21 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
     const index_t Dp = (D + W - 1) / W * W;  // padded query rows: whole-vector loads
 
     buf.assign(static_cast<std::size_t>(R * (Dp + Dv + BK + Policy::kStateArrays)), 0.0f);
-    std::vector<index_t> lo(static_cast<std::size_t>(R)), hi(static_cast<std::size_t>(R));
+    // Per-thread scratch (scratch.hpp): a decode step allocates nothing after the first.
+    scratch_lease<index_t> lo_lease, hi_lease;
+    std::vector<index_t>& lo = lo_lease.get();
+    std::vector<index_t>& hi = hi_lease.get();
+    lo.assign(static_cast<std::size_t>(R), 0);
+    hi.assign(static_cast<std::size_t>(R), 0);
     float* qs = buf.data();
     float* o = qs + R * Dp;
     float* sc = o + R * Dv;  // scores, then weights, of the current block: [R][BK]
     float* state = sc + R * BK;  // the policy's row state: kStateArrays arrays of R
     pol.init(state, R);
     const index_t D2 = D / (2 * W) * (2 * W);  // whole chunks of simd::split_bf16x3
-    std::vector<Eigen::bfloat16> qx(kDotBf16<A, KT> ? static_cast<std::size_t>(R * 3 * D2) : 0);
+    scratch_lease<Eigen::bfloat16> qx_lease;
+    std::vector<Eigen::bfloat16>& qx = qx_lease.get();
+    if (kDotBf16<A, KT>) qx.resize(static_cast<std::size_t>(R * 3 * D2));
     auto qx_row = [&](index_t r) { return kDotBf16<A, KT> ? qx.data() + r * 3 * D2 : nullptr; };
 
     const mask_params mp = p.mask(rb.b);
@@ -465,7 +473,9 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         }
     }
 
-    std::vector<float> natural(kPairOrder<A, VT> ? static_cast<std::size_t>(Dv) : 0);
+    scratch_lease<> natural_lease;
+    std::vector<float>& natural = natural_lease.get();
+    if (kPairOrder<A, VT>) natural.resize(static_cast<std::size_t>(Dv));
     for (index_t r = 0; r < R; ++r) {
         const float scale = pol.emit_scale(state + r, R);
         float* orow = o + r * Dv;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attnkit/detail/attention_driver.hpp"
@@ -44,15 +46,15 @@ struct packed_rows {
     const view<float, 3>* lse_ptr() const { return has_lse ? &lse : nullptr; }
 };
 
-// cu [B + 1]: 0 = cu[0] <= cu[1] <= ... <= cu[B] = total (the rows of `tensor`). Returns the
-// lengths cu[b + 1] - cu[b].
-inline std::vector<std::int64_t> check_cu_seqlens(const char* name,
-                                                  const std::vector<std::int64_t>& cu,
-                                                  index_t total, const char* tensor,
-                                                  const std::string& shape) {
+// cu [B + 1]: 0 = cu[0] <= cu[1] <= ... <= cu[B] = total (the rows of `tensor`); len gets the
+// lengths cu[b + 1] - cu[b]. shape: the tensor's shape for the message, or a callable returning
+// it, which is called only to throw (a valid call allocates nothing but len's growth).
+template <class Shape>
+void check_cu_seqlens(const char* name, const std::vector<std::int64_t>& cu, index_t total, const char* tensor,
+                      const Shape& shape, std::vector<std::int64_t>& len) {
     if (cu.empty()) fail(std::string(name) + ": expected B + 1 offsets starting at 0, got none");
     if (cu.front() != 0) fail(std::string(name) + "[0]: expected 0, got " + number(cu.front()));
-    std::vector<std::int64_t> len(cu.size() - 1);
+    len.resize(cu.size() - 1);
     for (std::size_t b = 0; b + 1 < cu.size(); ++b) {
         if (cu[b + 1] < cu[b])
             fail(std::string(name) + ": expected non-decreasing offsets, got " + name + "[" +
@@ -60,9 +62,21 @@ inline std::vector<std::int64_t> check_cu_seqlens(const char* name,
                  "] = " + number(cu[b + 1]));
         len[b] = cu[b + 1] - cu[b];
     }
-    if (cu.back() != total)
+    if (cu.back() != total) {
+        std::string described;
+        if constexpr (std::is_invocable<const Shape&>::value)
+            described = shape();
+        else
+            described = shape;
         fail(std::string(name) + ": the last offset must be the row count of " + tensor + " " +
-             shape + ", " + number(total) + ", got " + number(cu.back()));
+             described + ", " + number(total) + ", got " + number(cu.back()));
+    }
+}
+template <class Shape>
+std::vector<std::int64_t> check_cu_seqlens(const char* name, const std::vector<std::int64_t>& cu, index_t total,
+                                           const char* tensor, const Shape& shape) {
+    std::vector<std::int64_t> len;
+    check_cu_seqlens(name, cu, total, tensor, shape, len);
     return len;
 }
 
@@ -86,10 +100,9 @@ void packed_forward(const view<const QT, 4>& q, const strided_rows_t<KVT>& k,
                     const std::vector<std::int64_t>& q_len, const std::vector<std::int64_t>& k_len,
                     const view<float, 4>& out, const view<float, 3>* lse,
                     const softmax_options& opts) {
+    // opts.key_lengths is empty (check_packed_options): the lengths are k_len's.
     const view<const KVT, 4> none;
-    softmax_options o = opts;
-    o.key_lengths.clear();
-    basic_attention_problem<KVT, QT> p = make_problem(q, none, none, s, o);
+    basic_attention_problem<KVT, QT> p = make_problem(q, none, none, s, opts);
     p.q.start = q_start.data();
     p.k = k;
     p.v = v;

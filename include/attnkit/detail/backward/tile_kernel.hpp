@@ -298,7 +298,6 @@ void attention_backward(const basic_attention_problem<KVT, QT>& p, const Policy&
     if (s.batch == 0) return;
     const index_t G = s.group(), n_rows = s.len_q * G;
     const index_t rows_pad = (n_rows + tiles<A>::kBlockRows - 1) / tiles<A>::kBlockRows * tiles<A>::kBlockRows;
-    scratch_slots scratch;
     parallel_for(pool, s.batch * s.heads_k, [&](index_t it) {
         const index_t b = it / s.heads_k, hk = it % s.heads_k;
         if (s.len_k == 0) {  // no keys: every row sees nothing
@@ -312,7 +311,7 @@ void attention_backward(const basic_attention_problem<KVT, QT>& p, const Policy&
         const mask_params mp = p.mask(b);
         for (index_t r = 0; r < n_rows; ++r) row_interval(mp, r / G, 0, s.len_k, lo[r], hi[r]);
         stats(b, hk, a.data(), bs.data());
-        scratch_lease buf(scratch);
+        scratch_lease<> buf;
         backward_item<A>(p, pol, b, hk, dout, row_stats{a.data(), bs.data()}, lo.data(), hi.data(), go, buf.get());
     });
 }

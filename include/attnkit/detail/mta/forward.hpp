@@ -35,13 +35,12 @@ void run_fused(const view<const float, 4>& q, const view<const float, 4>& k, con
         stats.resize(static_cast<std::size_t>(pl.B * pl.L * pl.H));
         pr.stats = stats.data();
     }
-    scratch_slots scratch;
     // Heavy items first: the last query blocks see the most keys.
     auto pass = [&](bool stats_only) {
         parallel_for(pool, pl.n_items(), [&](index_t it) {
             const index_t qb = pl.n_qblocks - 1 - it / pl.B, b = it % pl.B;
             const index_t i0 = qb * pl.block_rows, i1 = std::min(pl.L, i0 + pl.block_rows);
-            scratch_lease lease(scratch);
+            scratch_lease<> lease;
             std::vector<float>& buf = lease.get();
             if (static_cast<index_t>(buf.size()) < pl.at.total) buf.assign(static_cast<std::size_t>(pl.at.total), 0.0f);
             block_kernel<A>(pl, pr, buf.data()).run(b, i0, i1, stats_only);

@@ -108,12 +108,11 @@ void apply_map(const float* p, index_t max_len, const values_shape& s, const vie
     const index_t QB = MT::block_rows(B, dv_pad);
     const index_t n_qb = (T + QB - 1) / QB, first = L - T, tri = packed_size(max_len);
 
-    scratch_slots scratch;
     // Last query blocks (longest rows) first, so the threads finish together.
     parallel_for(pool, H * n_qb, [&](index_t it) {
         const index_t qb = n_qb - 1 - it / H, h = it % H, hk = h / G;
         const index_t i_begin = first + qb * QB, i_end = std::min(i_begin + QB, L), nr = i_end - i_begin;
-        scratch_lease lease(scratch);
+        scratch_lease<> lease;
         std::vector<float>& buf = lease.get();
         buf.assign(static_cast<std::size_t>((B * QB + KB) * dv_pad), 0.0f);  // zero V padding columns
         float* acc = buf.data();

@@ -47,11 +47,10 @@ void build_map(const view<const float, 4>& qf, const view<const float, 4>& kf, c
     alignas(64) float iota[RT];
     for (index_t r = 0; r < RT; ++r) iota[r] = static_cast<float>(r);
 
-    scratch_slots scratch;
     parallel_for(pool, s.heads * n_panels, [&](index_t it) {
         const index_t t = n_panels - 1 - it / s.heads, h = it % s.heads;
         const index_t i0 = t * RT, nr = std::min(RT, Lmax - i0), i_end = i0 + nr;
-        scratch_lease lease(scratch);
+        scratch_lease<> lease;
         std::vector<float>& buf = lease.get();
         buf.assign(static_cast<std::size_t>(D * RT + (i_end + MR) * RT), 0.0f);
         float* qt = buf.data();
