@@ -184,8 +184,12 @@ constexpr bool kGroupRows = !std::is_same<T, float>::value && !std::is_same<A, s
 // kRowScoreKeys keys: the keys in RB passes of kRowScoreKeys / RB, so that the RB * KS
 // accumulators of a pass number kRowScoreKeys, as in score_keys; each key vector is loaded and
 // converted once per pass for all RB rows. Sums in the same order as score_keys per (row, key).
+// This and accumulate_keys_rows are functions of their own per (T, RB), not inlined into each
+// row kernel instantiation (policy x query type): inlined and unrolled they made the row kernel
+// several times as costly to compile (under ASan, paged_attention_test 49 -> 79 s of CPU) at the
+// same decode speed (docs/benchmarks.md).
 template <class A, class T, index_t RB>
-ATTNKIT_ALWAYS_INLINE void score_keys_rows(const float* q, index_t q_stride, const T* k, index_t k_stride,
+ATTNKIT_NOINLINE void score_keys_rows(const float* q, index_t q_stride, const T* k, index_t k_stride,
                                            index_t dim, float* out, index_t out_stride, index_t out_row) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
@@ -199,11 +203,9 @@ ATTNKIT_ALWAYS_INLINE void score_keys_rows(const float* q, index_t q_stride, con
         index_t d = 0;
         if constexpr (kPairOrder<A, T>) {
             for (; d + 2 * W <= dim; d += 2 * W) {
-#pragma GCC unroll 8
                 for (index_t u = 0; u < KS; ++u) {
                     V e, o;
                     simd::load_bf16_pairs<A>(kp + u * k_stride + d, e, o);
-#pragma GCC unroll 4
                     for (index_t r = 0; r < RB; ++r) {
                         const float* qr = q + r * q_stride + d;
                         acc[r * KS + u] =
@@ -213,10 +215,8 @@ ATTNKIT_ALWAYS_INLINE void score_keys_rows(const float* q, index_t q_stride, con
             }
         }
         for (; d + W <= dim; d += W) {
-#pragma GCC unroll 8
             for (index_t u = 0; u < KS; ++u) {
                 const V kv = simd::load_float<A>(kp + u * k_stride + d);
-#pragma GCC unroll 4
                 for (index_t r = 0; r < RB; ++r)
                     acc[r * KS + u] = simd::fma(simd::loadu<A>(q + r * q_stride + d), kv, acc[r * KS + u]);
             }
@@ -247,7 +247,7 @@ ATTNKIT_ALWAYS_INLINE void score_keys_rows(const float* q, index_t q_stride, con
 // over kRowValueKeys value rows, each value vector loaded and converted once for all RB rows.
 // Per row the same operations in the same order as accumulate_keys.
 template <class A, class T, index_t RB>
-ATTNKIT_ALWAYS_INLINE void accumulate_keys_rows(float* o, index_t o_row, const float* p, index_t p_stride,
+ATTNKIT_NOINLINE void accumulate_keys_rows(float* o, index_t o_row, const float* p, index_t p_stride,
                                                 index_t p_row, const T* v, index_t v_stride, index_t dim_v) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
@@ -260,11 +260,9 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys_rows(float* o, index_t o_row, const f
                 ae[r] = simd::loadu<A>(o + r * o_row + c);
                 ao[r] = simd::loadu<A>(o + r * o_row + c + W);
             }
-#pragma GCC unroll 8
             for (index_t u = 0; u < KU; ++u) {
                 V e, od;
                 simd::load_bf16_pairs<A>(v + u * v_stride + c, e, od);
-#pragma GCC unroll 4
                 for (index_t r = 0; r < RB; ++r) {
                     const V pv(p[r * p_row + u * p_stride]);
                     ae[r] = simd::fma(pv, e, ae[r]);
@@ -280,10 +278,8 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys_rows(float* o, index_t o_row, const f
     for (; c + W <= dim_v; c += W) {
         V a[RB];
         for (index_t r = 0; r < RB; ++r) a[r] = simd::loadu<A>(o + r * o_row + c);
-#pragma GCC unroll 8
         for (index_t u = 0; u < KU; ++u) {
             const V vv = simd::load_float<A>(v + u * v_stride + c);
-#pragma GCC unroll 4
             for (index_t r = 0; r < RB; ++r) a[r] = simd::fma(V(p[r * p_row + u * p_stride]), vv, a[r]);
         }
         for (index_t r = 0; r < RB; ++r) simd::storeu(o + r * o_row + c, a[r]);
