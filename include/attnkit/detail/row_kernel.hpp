@@ -186,8 +186,7 @@ constexpr bool kGroupRows = !std::is_same<T, float>::value && !std::is_same<A, s
 // converted once per pass for all RB rows. Sums in the same order as score_keys per (row, key).
 // This and accumulate_keys_rows are functions of their own per (T, RB), not inlined into each
 // row kernel instantiation (policy x query type): inlined and unrolled they made the row kernel
-// several times as costly to compile (under ASan, paged_attention_test 49 -> 79 s of CPU) at the
-// same decode speed (docs/benchmarks.md).
+// several times as costly to compile at the same decode speed (docs/benchmarks.md).
 template <class A, class T, index_t RB>
 ATTNKIT_NOINLINE void score_keys_rows(const float* q, index_t q_stride, const T* k, index_t k_stride,
                                            index_t dim, float* out, index_t out_stride, index_t out_row) {
