@@ -2,20 +2,27 @@
 // form, then token-by-token decoding with attnkit::taylor_state, whose cost per step stops
 // growing with the context once it has folded its cache into S (st.fold_length() tokens; a
 // softmax decode step reads the whole K/V cache at any length; printed beside it).
+//   taylor_attention [max_len]      decode up to max_len tokens of context (default 8192)
 #include <attnkit/attnkit.hpp>
 #include <attnkit/taylor_attention.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
 using tensor4 = Eigen::Tensor<float, 4, Eigen::RowMajor>;
 using clock_type = std::chrono::steady_clock;
 
-int main() {
-    const attnkit::index_t B = 1, H = 8, Hk = 8, D = 64, prompt = 1024, max_len = 8192;
+int main(int argc, char** argv) {
+    const attnkit::index_t B = 1, H = 8, Hk = 8, D = 64, prompt = 1024;
+    const attnkit::index_t max_len = argc > 1 ? std::atol(argv[1]) : 8192;
+    if (max_len < 2 * prompt) {
+        std::fprintf(stderr, "usage: taylor_attention [max_len >= %ld]\n", static_cast<long>(2 * prompt));
+        return 2;
+    }
 
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;

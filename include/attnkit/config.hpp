@@ -3,6 +3,7 @@
 //   ATTNKIT_ALWAYS_INLINE, ATTNKIT_NOINLINE, ATTNKIT_RESTRICT, ATTNKIT_PREFETCH(p),
 //   ATTNKIT_LIKELY(x), ATTNKIT_UNLIKELY(x)     portable spellings of compiler hints
 //   -DATTNKIT_SIMD_SCALAR                      force the one-lane portable SIMD path
+//   -DATTNKIT_EXTERN_KERNELS                   the kernels compiled once, elsewhere (below)
 //   attnkit::index_t                           the signed 64-bit size type of every shape
 #pragma once
 
@@ -29,6 +30,22 @@
 
 // Define ATTNKIT_SIMD_SCALAR to force the portable one-lane path (debugging, exotic targets).
 // It is chosen automatically when xsimd finds no SIMD architecture for the compile flags.
+
+// Compiled kernels (docs/building.md, "Compile time"). Each kernel is a template instantiated in
+// every translation unit that calls it, and its vector code is most of such a unit's compile
+// time. A project with many of them may compile the common instantiations once: every unit is
+// compiled with -DATTNKIT_EXTERN_KERNELS (the instantiations listed in the headers become
+// `extern template` declarations), and one unit, compiled with the same flags, defines
+// ATTNKIT_INSTANTIATE_KERNELS before including <attnkit/attnkit.hpp> (explicit instantiation
+// definitions). The instantiations depend on the SIMD flags (simd::default_arch), so every flag
+// set needs its own such unit. The code is the same either way; only where it is compiled
+// differs. A listed entry is ATTNKIT_NOINLINE: GCC instantiates an extern template that it may
+// inline, which would keep the cost this saves.
+#if defined(ATTNKIT_INSTANTIATE_KERNELS)
+#define ATTNKIT_KERNEL_INSTANCE template
+#elif defined(ATTNKIT_EXTERN_KERNELS)
+#define ATTNKIT_KERNEL_INSTANCE extern template
+#endif
 
 namespace attnkit {
 // Sizes and strides are signed so that differences and reverse loops need no casts.

@@ -43,8 +43,9 @@ namespace static_qk {
 constexpr index_t kMaxValueSets = 16;
 
 template <class A>
-void forward(const view<const float, 4>& qf, const view<const float, 4>& kf, const view<const float, 4>& v,
-             const view<float, 4>& out, const static_qk_options& opts) {
+ATTNKIT_NOINLINE void forward(const view<const float, 4>& qf, const view<const float, 4>& kf,
+                              const view<const float, 4>& v, const view<float, 4>& out,
+                              const static_qk_options& opts) {
     const stream_shape st = check_stream(qf, kf);
     const values_shape s = check_values(v, out, st.max_len, st.heads, st.heads_k, false);
     check_options(opts);
@@ -73,6 +74,12 @@ void forward(const view<const float, 4>& qf, const view<const float, 4>& kf, con
         attention_forward<A>(p, fo, opts.pool);
     }
 }
+
+#ifdef ATTNKIT_KERNEL_INSTANCE  // compiled kernels (config.hpp)
+ATTNKIT_KERNEL_INSTANCE void forward<simd::default_arch>(const view<const float, 4>&, const view<const float, 4>&,
+                                                         const view<const float, 4>&, const view<float, 4>&,
+                                                         const static_qk_options&);
+#endif
 
 }  // namespace static_qk
 }  // namespace detail

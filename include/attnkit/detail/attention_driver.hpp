@@ -83,8 +83,8 @@ forward_plan make_plan(const attention_shape& s, bool allow_row_path = true, ind
 
 // One forward call of any row policy (row_transform.hpp) over every value set of p.
 template <class A, class Policy, class KVT, class QT>
-void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& pol, const forward_outputs& fo,
-                       thread_pool* pool) {
+ATTNKIT_NOINLINE void attention_forward(const basic_attention_problem<KVT, QT>& p, const Policy& pol,
+                                        const forward_outputs& fo, thread_pool* pool) {
     const attention_shape& s = p.s;
     if (s.batch == 0 || s.len_q == 0) return;
     // The row kernel (row_kernel.hpp) takes one value set; the tile kernel any number.
@@ -261,6 +261,19 @@ void attention_forward(const basic_attention_problem<KVT, QT>& p, const forward_
     pol.sinks = fo.sinks;
     attention_forward<A>(p, pol, fo, pool);
 }
+
+#ifdef ATTNKIT_KERNEL_INSTANCE
+// The softmax forward of every storage type: the kernel most translation units call.
+#define ATTNKIT_SOFTMAX_FORWARD_INSTANCE(KVT, QT)                                                          \
+    ATTNKIT_KERNEL_INSTANCE void attention_forward<simd::default_arch, softmax_rows, KVT, QT>(           \
+        const basic_attention_problem<KVT, QT>&, const softmax_rows&, const forward_outputs&, thread_pool*);
+ATTNKIT_SOFTMAX_FORWARD_INSTANCE(float, float)
+ATTNKIT_SOFTMAX_FORWARD_INSTANCE(Eigen::bfloat16, float)
+ATTNKIT_SOFTMAX_FORWARD_INSTANCE(Eigen::half, float)
+ATTNKIT_SOFTMAX_FORWARD_INSTANCE(Eigen::bfloat16, Eigen::bfloat16)
+ATTNKIT_SOFTMAX_FORWARD_INSTANCE(Eigen::half, Eigen::half)
+#undef ATTNKIT_SOFTMAX_FORWARD_INSTANCE
+#endif
 
 }  // namespace detail
 }  // namespace attnkit

@@ -47,8 +47,8 @@ enum class gemm_mode { assign, add };
 // C = A B (assign) or C += A B (add) on the calling thread, with the kernels of arch A. Shapes
 // are the caller's contract: A [M, K], B [K, N], C [M, N]; C must not overlap A or B.
 template <class A>
-void gemm_on(const matrix_ref<const float>& a, const matrix_ref<const float>& b, const matrix_ref<float>& c,
-             gemm_mode mode = gemm_mode::assign) {
+ATTNKIT_NOINLINE void gemm_on(const matrix_ref<const float>& a, const matrix_ref<const float>& b,
+                              const matrix_ref<float>& c, gemm_mode mode = gemm_mode::assign) {
     if (c.rows == 0 || c.cols == 0) return;
     if (a.cols == 0) {  // empty inner dimension: the product is zero
         if (mode == gemm_mode::assign)
@@ -72,8 +72,8 @@ enum class gemm_op { none, transpose };
 // C = op_a(A) op_b(B) (or +=): a and b are the matrices as stored, so op_a = transpose takes
 // a [K, M] and op_b = transpose takes b [N, K]; C [M, N]. Same determinism as gemm_on.
 template <class A>
-void gemm_on(const matrix_ref<const float>& a, gemm_op op_a, const matrix_ref<const float>& b, gemm_op op_b,
-             const matrix_ref<float>& c, gemm_mode mode = gemm_mode::assign) {
+ATTNKIT_NOINLINE void gemm_on(const matrix_ref<const float>& a, gemm_op op_a, const matrix_ref<const float>& b,
+                              gemm_op op_b, const matrix_ref<float>& c, gemm_mode mode = gemm_mode::assign) {
     const bool ta = op_a == gemm_op::transpose, tb = op_b == gemm_op::transpose;
     const index_t K = ta ? a.rows : a.cols;
     if (c.rows == 0 || c.cols == 0) return;
@@ -138,6 +138,14 @@ inline void gemm_rows(const matrix_ref<const float>& a, const matrix_ref<const f
                       thread_pool* pool, index_t block_rows = kGemmBlockRows) {
     gemm_blocks(a, b, c, pool, block_rows, c.cols > 0 ? c.cols : 1);
 }
+
+#ifdef ATTNKIT_KERNEL_INSTANCE  // compiled kernels (config.hpp)
+ATTNKIT_KERNEL_INSTANCE void gemm_on<simd::default_arch>(const matrix_ref<const float>&, const matrix_ref<const float>&,
+                                                         const matrix_ref<float>&, gemm_mode);
+ATTNKIT_KERNEL_INSTANCE void gemm_on<simd::default_arch>(const matrix_ref<const float>&, gemm_op,
+                                                         const matrix_ref<const float>&, gemm_op,
+                                                         const matrix_ref<float>&, gemm_mode);
+#endif
 
 }  // namespace detail
 }  // namespace attnkit

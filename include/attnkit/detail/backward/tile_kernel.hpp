@@ -118,7 +118,7 @@ void guarded_dq_updates(const float* krows, index_t ldk, const float* ds, index_
 // intervals are per row of the item (n_rows = Lq G, padded to kBlockRows with empty intervals).
 // d_out rows are read through dout (float, [B, Lq, H, Dv] strides).
 template <class A, class Policy, class KVT, class QT>
-void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol, index_t b, index_t hk,
+ATTNKIT_NOINLINE void backward_item(const basic_attention_problem<KVT, QT>& p, const Policy& pol, index_t b, index_t hk,
                    const strided_rows_t<float>& dout, const row_stats& st, const index_t* lo, const index_t* hi,
                    const gradient_outputs& go, std::vector<float>& buf) {
     using TL = tiles<A>;
@@ -315,6 +315,18 @@ void attention_backward(const basic_attention_problem<KVT, QT>& p, const Policy&
         backward_item<A>(p, pol, b, hk, dout, row_stats{a.data(), bs.data()}, lo.data(), hi.data(), go, buf.get());
     });
 }
+
+#ifdef ATTNKIT_KERNEL_INSTANCE  // compiled kernels (config.hpp): softmax's backward item
+#define ATTNKIT_SOFTMAX_BACKWARD_INSTANCE(KVT, QT)                                                             \
+    ATTNKIT_KERNEL_INSTANCE void backward_item<simd::default_arch, softmax_grad_rows, KVT, QT>(                 \
+        const basic_attention_problem<KVT, QT>&, const softmax_grad_rows&, index_t, index_t,                   \
+        const strided_rows_t<float>&, const row_stats&, const index_t*, const index_t*, const gradient_outputs&, \
+        std::vector<float>&);
+ATTNKIT_SOFTMAX_BACKWARD_INSTANCE(float, float)
+ATTNKIT_SOFTMAX_BACKWARD_INSTANCE(Eigen::bfloat16, Eigen::bfloat16)
+ATTNKIT_SOFTMAX_BACKWARD_INSTANCE(Eigen::half, Eigen::half)
+#undef ATTNKIT_SOFTMAX_BACKWARD_INSTANCE
+#endif
 
 }  // namespace backward
 }  // namespace detail

@@ -51,12 +51,18 @@ void run_fused(const view<const float, 4>& q, const view<const float, 4>& k, con
 }
 
 template <class A>
-void forward(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
-             const view<float, 4>& out, const mta_options& opts) {
+ATTNKIT_NOINLINE void forward(const view<const float, 4>& q, const view<const float, 4>& k,
+                              const view<const float, 4>& v, const view<float, 4>& out, const mta_options& opts) {
     const shape ms = check_call(q, k, v, out, opts);
     if (ms.s.batch == 0 || ms.s.len_q == 0) return;
     run_fused<A>(q, k, v, out, ms, make_params(opts, ms), opts.pool);
 }
+
+#ifdef ATTNKIT_KERNEL_INSTANCE  // compiled kernels (config.hpp)
+ATTNKIT_KERNEL_INSTANCE void forward<simd::default_arch>(const view<const float, 4>&, const view<const float, 4>&,
+                                                         const view<const float, 4>&, const view<float, 4>&,
+                                                         const mta_options&);
+#endif
 
 }  // namespace mta
 }  // namespace detail

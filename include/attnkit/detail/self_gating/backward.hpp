@@ -435,7 +435,7 @@ void run_backward_noncausal(grad_problem& g, thread_pool* pool, index_t C, index
 }
 
 template <class A>
-void run_backward(grad_problem& g, thread_pool* pool) {
+ATTNKIT_NOINLINE void run_backward(grad_problem& g, thread_pool* pool) {
     const problem& p = g.fw;
     if (p.batch == 0 || p.len == 0) return;
     const index_t C = chunk_len(p), nc = (p.len + C - 1) / C;
@@ -445,6 +445,10 @@ void run_backward(grad_problem& g, thread_pool* pool) {
     else
         run_backward_noncausal<A>(g, pool, C, nc);
 }
+
+#ifdef ATTNKIT_KERNEL_INSTANCE  // compiled kernels (config.hpp)
+ATTNKIT_KERNEL_INSTANCE void run_backward<simd::default_arch>(grad_problem&, thread_pool*);
+#endif
 
 }  // namespace self_gating
 }  // namespace detail

@@ -174,13 +174,18 @@ void run_noncausal(const problem& p, thread_pool* pool) {
 // Runs the call; init (optional) is the state before position 0, fin (optional) receives the
 // state after the last visible token (both causal only, for self_gating_state).
 template <class A>
-void run(const problem& p, thread_pool* pool, const state_arrays* init, const state_arrays* fin) {
+ATTNKIT_NOINLINE void run(const problem& p, thread_pool* pool, const state_arrays* init, const state_arrays* fin) {
     if (p.batch == 0 || p.len == 0) return;
     if (p.causal)
         run_causal<A>(p, pool, init, fin);
     else
         run_noncausal<A>(p, pool);
 }
+
+#ifdef ATTNKIT_KERNEL_INSTANCE  // compiled kernels (config.hpp)
+ATTNKIT_KERNEL_INSTANCE void run<simd::default_arch>(const problem&, thread_pool*, const state_arrays*,
+                                                     const state_arrays*);
+#endif
 
 }  // namespace self_gating
 }  // namespace detail

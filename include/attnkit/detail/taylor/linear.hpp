@@ -144,7 +144,7 @@ inline int large_shift(const view<const float, 4>& x, float scale) {
 }
 
 template <class A>
-void linear_forward_split(const view<const float, 4>& q, const view<const float, 4>& k,
+ATTNKIT_NOINLINE void linear_forward_split(const view<const float, 4>& q, const view<const float, 4>& k,
                           const view<const float, 4>& v, const view<float, 4>& out, const taylor_options& opts,
                           feature_split split) {
     const attention_shape s{q.dims[0], q.dims[1], k.dims[1], q.dims[2], k.dims[2], q.dims[3], v.dims[3]};
@@ -261,6 +261,19 @@ void linear_forward(const view<const float, 4>& q, const view<const float, 4>& k
     linear_forward_split<A>(q, k, v, out, opts, feature_split::symmetric);
 }
 
+#ifdef ATTNKIT_KERNEL_INSTANCE  // compiled kernels (config.hpp)
+ATTNKIT_KERNEL_INSTANCE void linear_forward_split<simd::default_arch>(const view<const float, 4>&,
+                                                                      const view<const float, 4>&,
+                                                                      const view<const float, 4>&,
+                                                                      const view<float, 4>&, const taylor_options&,
+                                                                      feature_split);
+#endif
+
 }  // namespace taylor
+#ifdef ATTNKIT_KERNEL_INSTANCE  // Taylor's quadratic form through the forward driver
+ATTNKIT_KERNEL_INSTANCE void attention_forward<simd::default_arch, taylor::quadratic_rows, float, float>(
+    const basic_attention_problem<float, float>&, const taylor::quadratic_rows&, const forward_outputs&, thread_pool*);
+#endif
+
 }  // namespace detail
 }  // namespace attnkit
