@@ -7,7 +7,9 @@ set -euo pipefail
 # clang: the asan preset (CI's sanitizer run) builds with Clang, whose instrumented builds compile
 # faster than GCC's and run as fast.
 # libopenmpi-dev, openmpi-bin: the optional attnkit::distributed (ring attention over MPI) and its tests.
-packages=(cmake g++ clang make libeigen3-dev libxsimd-dev libgtest-dev libbenchmark-dev pkg-config
+# ninja-build: the presets' generator (it schedules the whole build graph at once, where make
+# builds target by target).
+packages=(cmake g++ clang make ninja-build libeigen3-dev libxsimd-dev libgtest-dev libbenchmark-dev pkg-config
           python3-matplotlib libopenmpi-dev openmpi-bin)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then

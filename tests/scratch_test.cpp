@@ -5,13 +5,18 @@
 // run once to warm the calling thread's scratch, then the count across the next calls must be
 // zero. Covered: softmax_attention decode (MHA and GQA; float, bfloat16 and half K/V;
 // token-major and head-major views; a cache long enough to be split into pieces; key_lengths),
-// paged_attention and softmax_attention_varlen decode, one thread. With a thread pool the pieces go to whichever thread
+// paged_attention and softmax_attention_varlen decode, one thread; the decode states' steps
+// (taylor_state past its fold and in the linear form, and in the quadratic form after
+// reserve; mta_state after reserve, every stage on; self_gating_state). With a thread pool the pieces go to whichever thread
 // takes them, so a thread may meet a kind of piece for the first time in a later call; what
 // holds there is that the scratch stops growing once each thread has met each kind.
 //   scratch_lease   leases nest, end in reverse order and keep their capacity.
 #include "attnkit/detail/scratch.hpp"
+#include "attnkit/mta_state.hpp"
 #include "attnkit/paged_attention.hpp"
+#include "attnkit/self_gating_attention.hpp"
 #include "attnkit/softmax_attention.hpp"
+#include "attnkit/taylor_state.hpp"
 #include "attnkit/varlen_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -136,6 +141,89 @@ TEST(scratch, varlen_decode_allocates_nothing_after_the_first_call) {
     for (int rep = 0; rep < 3; ++rep)
         EXPECT_EQ(allocations_of([&] { attnkit::softmax_attention_varlen(q, k, v, cu_q, cu_k, out); }), 0)
             << "call " << rep;
+}
+
+// Decode steps of a state, one token each: the first warms this thread's scratch, the next
+// n_steps must allocate nothing. The tokens are rows t of q, k, v ([1, n, ...] each).
+template <class State>
+void expect_steps_allocate_nothing(State& st, index_t n_steps, index_t H, index_t Hk, index_t D, index_t Dv) {
+    const index_t n = n_steps + 1;
+    const tensor4<float> q = random_bshd(1, n, H, D, distribution::gaussian, 21);
+    const tensor4<float> k = random_bshd(1, n, Hk, D, distribution::gaussian, 22);
+    const tensor4<float> v = random_bshd(1, n, Hk, Dv, distribution::gaussian, 23);
+    tensor4<float> out(1, 1, H, Dv);
+    auto row = [](const tensor4<float>& x, index_t t) {
+        const index_t h = x.dimension(2), d = x.dimension(3);
+        return view<const float, 4>(x.data() + t * h * d, {1, 1, h, d}, {h * d, h * d, d, 1});
+    };
+    st.step(row(q, 0), row(k, 0), row(v, 0), out);
+    for (index_t t = 1; t < n; ++t)
+        ASSERT_EQ(allocations_of([&] { st.step(row(q, t), row(k, t), row(v, t), out); }), 0)
+            << "step " << t << " at length " << st.length();
+}
+
+// A prompt of T tokens, one step.
+template <class State>
+void prompt(State& st, index_t T, index_t H, index_t Hk, index_t D, index_t Dv) {
+    const tensor4<float> q = random_bshd(1, T, H, D, distribution::gaussian, 31);
+    const tensor4<float> k = random_bshd(1, T, Hk, D, distribution::gaussian, 32);
+    const tensor4<float> v = random_bshd(1, T, Hk, Dv, distribution::gaussian, 33);
+    tensor4<float> out(1, T, H, Dv);
+    st.step(q, k, v, out);
+}
+
+TEST(scratch, taylor_state_steps_allocate_nothing) {
+    const index_t H = 8, Hk = 2, D = 64, Dv = 64;
+    {
+        SCOPED_TRACE("automatic, past the fold");
+        attnkit::taylor_state st(1, H, Hk, D, Dv);
+        prompt(st, st.fold_length() + 5, H, Hk, D, Dv);
+        ASSERT_EQ(st.form(), attnkit::taylor_form::linear);
+        expect_steps_allocate_nothing(st, 70, H, Hk, D, Dv);  // past a chunk boundary: S updated
+    }
+    {
+        SCOPED_TRACE("linear form");
+        attnkit::taylor_options o;
+        o.form = attnkit::taylor_form::linear;
+        attnkit::taylor_state st(1, H, Hk, 32, 48, o);
+        expect_steps_allocate_nothing(st, 70, H, Hk, 32, 48);
+    }
+    {
+        SCOPED_TRACE("quadratic form, reserved");
+        attnkit::taylor_options o;
+        o.form = attnkit::taylor_form::quadratic;
+        attnkit::taylor_state st(1, H, Hk, D, Dv, o);
+        st.reserve(300);
+        prompt(st, 100, H, Hk, D, Dv);
+        expect_steps_allocate_nothing(st, 150, H, Hk, D, Dv);
+    }
+}
+
+TEST(scratch, mta_state_steps_allocate_nothing_after_reserve) {
+    const index_t H = 4, Hk = 2, D = 24, Dv = 20, G = 2;
+    tensor4<float> kq_pre(H, G, 3, 5), kq_post(H, G, 2, 3);
+    Eigen::Tensor<float, 2, Eigen::RowMajor> head_pre(H, H), head_post(H, H);
+    Eigen::Tensor<float, 1, Eigen::RowMajor> norm(Dv), gate(Dv);
+    for (auto* t : {&kq_pre, &kq_post}) t->setConstant(0.1f);
+    for (auto* t : {&head_pre, &head_post}) t->setConstant(0.25f);
+    norm.setConstant(1.0f);
+    gate.setConstant(0.05f);
+    attnkit::mta_options o;
+    o.kq_pre = kq_pre, o.kq_post = kq_post, o.head_pre = head_pre, o.head_post = head_post;
+    o.norm_weight = norm, o.gate_weight = gate;
+    attnkit::mta_state st(1, H, Hk, D, Dv, o);
+    st.reserve(400);
+    prompt(st, 50, H, Hk, D, Dv);
+    expect_steps_allocate_nothing(st, 300, H, Hk, D, Dv);
+    st.reset();  // keeps what was reserved
+    expect_steps_allocate_nothing(st, 100, H, Hk, D, Dv);
+}
+
+TEST(scratch, self_gating_state_steps_allocate_nothing) {
+    const index_t H = 8, Hk = 2, D = 32, Dv = 40;
+    attnkit::self_gating_state st(1, H, Hk, D, Dv);
+    prompt(st, 37, H, Hk, D, Dv);
+    expect_steps_allocate_nothing(st, 50, H, Hk, D, Dv);
 }
 
 TEST(scratch, leases_nest_and_keep_their_capacity) {

@@ -6,7 +6,11 @@
 //   attnkit::mta_state st(B, H, Hk, D, Dv, o);
 //   st.step(q_prompt, k_prompt, v_prompt, out_prompt);   // [B, T, ...]: T tokens at once
 //   st.step(q_t, k_t, v_t, out_t);                       // [B, 1, ...]: the next token
-//   st.length();  st.reset();
+//   st.length();  st.reset();  st.reserve(max_tokens);
+//
+// A step allocates only to grow what the state holds (the K/V cache, the convolutions' rings
+// and the row buffers, each by doubling); reserve(n) makes room for n tokens ahead, so a server
+// that reserves its context limit allocates nothing per step (tests/scratch_test.cpp).
 //
 // Causality makes every stage of row i final once token i is known: its raw scores X_i, and its
 // probabilities P_i (after the pre-softmax convolution, head mixing and softmax) depend only on
@@ -25,6 +29,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "attnkit/detail/memory_overlap.hpp"
@@ -64,13 +69,32 @@ class mta_state {
 
     index_t length() const { return len_; }
 
+    // Room for `tokens` tokens in all (length() included): steps up to that length allocate
+    // nothing. reset() keeps it.
+    void reserve(index_t tokens) {
+        if (tokens < 0) detail::fail("mta_state::reserve: tokens must be >= 0, got " + std::to_string(tokens));
+        const std::size_t n = static_cast<std::size_t>(tokens), H = static_cast<std::size_t>(s_.heads),
+                          Hk = static_cast<std::size_t>(s_.heads_k);
+        for (auto& kc : kc_) kc.reserve(n * Hk * static_cast<std::size_t>(s_.dim));
+        for (auto& vc : vc_) vc.reserve(n * Hk * static_cast<std::size_t>(s_.dim_v));
+        for (auto& slot : xring_) slot.reserve(H * n);
+        for (auto& slot : pring_) slot.reserve(H * n);
+        for (std::vector<float>* row : {&y_, &y2_, &z_}) row->reserve(H * n);
+        o_rows_.reserve(static_cast<std::size_t>(chunks(tokens)) * H * static_cast<std::size_t>(s_.dim_v));
+        constexpr index_t W = simd::kLanes<arch>;
+        qs_.reserve(H * static_cast<std::size_t>((s_.dim + W - 1) / W * W));
+    }
+
+    // Back to an empty state; the buffers keep their capacity.
     void reset() {
         len_ = 0;
         const std::size_t B = static_cast<std::size_t>(s_.batch);
-        kc_.assign(B, {});
-        vc_.assign(B, {});
-        xring_.assign(B * static_cast<std::size_t>(cq1_), {});
-        pring_.assign(B * static_cast<std::size_t>(cq2_), {});
+        kc_.resize(B);
+        vc_.resize(B);
+        xring_.resize(B * static_cast<std::size_t>(cq1_));
+        pring_.resize(B * static_cast<std::size_t>(cq2_));
+        for (auto* set : {&kc_, &vc_, &xring_, &pring_})
+            for (auto& x : *set) x.clear();
     }
 
     // Appends T >= 0 tokens: q [B, T, H, D], k [B, T, Hk, D], v [B, T, Hk, Dv], out [B, T, H, Dv].

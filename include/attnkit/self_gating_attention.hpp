@@ -42,11 +42,11 @@ constexpr index_t kStreamBytes = index_t(4) << 20;
 
 // The inputs' part of a call's problem on checked views (the backward's too); visible[b] =
 // visible tokens of item b in this call when its first token sits at absolute position `pos0`
-// (a state's length so far).
+// (a state's length so far), written to `visible` (the caller's: a lease, which outlives p).
 template <class A>
 problem make_input_problem(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
                            const attention_shape& s, float scale, bool causal,
-                           const std::vector<std::int64_t>& key_lengths, index_t pos0) {
+                           const std::vector<std::int64_t>& key_lengths, index_t pos0, std::vector<index_t>& visible) {
     problem p;
     p.batch = s.batch;
     p.len = s.len_q;
@@ -61,9 +61,10 @@ problem make_input_problem(const view<const float, 4>& q, const view<const float
     p.v = rows_of(v);
     p.scale = resolve_scale(scale, s.dim);
     p.causal = causal;
-    p.visible.assign(static_cast<std::size_t>(s.batch), s.len_q);
+    visible.assign(static_cast<std::size_t>(s.batch), s.len_q);
     for (std::size_t b = 0; b < key_lengths.size(); ++b)
-        p.visible[b] = std::max<index_t>(0, std::min<index_t>(s.len_q, key_lengths[b] - pos0));
+        visible[b] = std::max<index_t>(0, std::min<index_t>(s.len_q, key_lengths[b] - pos0));
+    p.visible = visible.data();
     return p;
 }
 
@@ -71,8 +72,8 @@ problem make_input_problem(const view<const float, 4>& q, const view<const float
 template <class A>
 problem make_problem(const view<const float, 4>& q, const view<const float, 4>& k, const view<const float, 4>& v,
                      const view<float, 4>& out, const attention_shape& s, float scale, bool causal,
-                     const std::vector<std::int64_t>& key_lengths, index_t pos0) {
-    problem p = make_input_problem<A>(q, k, v, s, scale, causal, key_lengths, pos0);
+                     const std::vector<std::int64_t>& key_lengths, index_t pos0, std::vector<index_t>& visible) {
+    problem p = make_input_problem<A>(q, k, v, s, scale, causal, key_lengths, pos0, visible);
     p.out = out.data;
     p.ob = out.strides[0];
     p.ol = out.strides[1];
@@ -88,7 +89,8 @@ void attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, cons
                     const view<TO, 4>& out, const self_gating_options& opts) {
     ATTNKIT_IF_FLOAT("attnkit::self_gating_attention: float storage (q, k, v and out float tensors)", q, k, v, out) {
         const attention_shape s = check_call(q, k, v, out, opts);
-        const problem p = make_problem<A>(q, k, v, out, s, opts.scale, opts.causal, opts.key_lengths, 0);
+        scratch_lease<index_t> visible;
+        const problem p = make_problem<A>(q, k, v, out, s, opts.scale, opts.causal, opts.key_lengths, 0, visible.get());
         run<A>(p, opts.pool, nullptr, nullptr);
     }
 }
@@ -140,8 +142,9 @@ class self_gating_state {
         ATTNKIT_IF_FLOAT("attnkit::self_gating_state: float storage (q, k, v and out float tensors)", qv, kv, vv, ov) {
             const detail::attention_shape s = detail::check_state_step(
                 "self_gating_state", qv, kv, vv, ov, {batch_, 0, 0, heads_, heads_kv_, dim_, dim_v_}, 1);
-            const detail::self_gating::problem p =
-                detail::self_gating::make_problem<A>(qv, kv, vv, ov, s, opts_.scale, true, opts_.key_lengths, length_);
+            detail::scratch_lease<index_t> visible;
+            const detail::self_gating::problem p = detail::self_gating::make_problem<A>(
+                qv, kv, vv, ov, s, opts_.scale, true, opts_.key_lengths, length_, visible.get());
             const detail::self_gating::state_arrays st{m_.data(), z_.data(), n_.data()};
             detail::self_gating::run<A>(p, opts_.pool, &st, &st);
             length_ += s.len_q;

@@ -45,7 +45,8 @@ void attention_backward_impl(const view<const TQ, 4>& q, const view<const TK, 4>
         const attention_shape s = check_backward(q, k, v, out, d_out, d_q, d_k, d_v, opts);
         constexpr index_t W = simd::kLanes<A>;
         grad_problem g;
-        g.fw = make_input_problem<A>(q, k, v, s, opts.scale, opts.causal, opts.key_lengths, 0);
+        scratch_lease<index_t> visible;
+        g.fw = make_input_problem<A>(q, k, v, s, opts.scale, opts.causal, opts.key_lengths, 0, visible.get());
         g.o = rows_of(out);
         g.dout = rows_of(d_out);
         g.dq = {d_q.data, d_q.strides[0], d_q.strides[1], d_q.strides[2]};

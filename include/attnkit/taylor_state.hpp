@@ -4,6 +4,12 @@
 //   attnkit::taylor_state st(batch, heads, heads_kv, dim, dim_v, opts);
 //   st.step(q, k, v, out);   q [B,T,H,D], k [B,T,Hk,D], v [B,T,Hk,Dv], out [B,T,H,Dv], T >= 1
 //   st.length(); st.reset(); st.state_bytes(); st.form(); st.crossover(); st.fold_length();
+//   st.reserve(max_tokens);
+//
+// A step allocates only to grow what the state holds: the quadratic cache (capacity doubling;
+// reserve(n) makes room ahead) and S, once, when the state turns linear. Its scratch is the
+// calling thread's (detail/scratch.hpp), so a linear step (decode past the fold) allocates
+// nothing (tests/scratch_test.cpp).
 //
 // Two forms, as taylor_attention (opts.form; automatic is the default):
 //   quadratic  a K/V cache (row-major per batch item and key/value head, capacity doubling);
@@ -88,7 +94,7 @@ class taylor_state {
                            ? std::min(crossover_, detail::taylor::decode_fold_length(dim, dim_v))
                            : crossover_),
           features_(linear_features(batch, heads_kv, dim, dim_v, opts.form)),
-          dvp_(detail::taylor::chunk_buffers<A>(dim, dim_v, 0, 0).dvp),
+          dvp_(detail::taylor::chunk_buffers<A>::padded_dim_v(dim_v)),
           per_item_(features_.padded * dvp_ + kChunk * (dim + dim_v)), cache_(batch, heads_kv, dim, dim_v) {
         if (form_ == taylor_form::linear) start_linear();
     }
@@ -103,6 +109,15 @@ class taylor_state {
     // into S after computing its outputs (automatic: min(crossover(), decode_fold_length), the
     // cache never outgrowing S; D = Dv = 64: 1090; the forced forms: crossover()).
     index_t fold_length() const { return fold_length_; }
+    // Room in the quadratic cache for `tokens` tokens in all (length() included), up to what the
+    // form keeps there (automatic: until the fold; linear: nothing): quadratic steps up to that
+    // length do not grow it. reset() keeps it.
+    void reserve(index_t tokens) {
+        if (tokens < 0) detail::fail("taylor_state::reserve: tokens must be >= 0, got " + std::to_string(tokens));
+        if (linear_ || form_ == taylor_form::linear) return;
+        const index_t limit = form_ == taylor_form::quadratic ? detail::taylor::kMaxQuadraticKeys : crossover_ - 1;
+        cache_.reserve(std::min(tokens, limit), length_, kChunk, limit);
+    }
     // Back to an empty state in the options' form (the cache keeps its allocation).
     void reset() {
         length_ = 0;
@@ -144,7 +159,7 @@ class taylor_state {
         if (form == taylor_form::quadratic) return {};
         constexpr index_t kMaxFloats = index_t(1) << 60;  // bytes of the state still fit in index_t
         constexpr int kMR = detail::tile_traits<A>::kMR;
-        const index_t dvp = detail::taylor::chunk_buffers<A>(1, dim_v, 0, 0).dvp;
+        const index_t dvp = detail::taylor::chunk_buffers<A>::padded_dim_v(dim_v);
         // dim < 2^30: the table's int32 indices, and F < 2^60 without overflow on the way.
         bool fits = dim < (index_t(1) << 30) && dim_v < kMaxFloats / kChunk;
         if (fits) {
@@ -232,7 +247,9 @@ class taylor_state {
             float* pend_v = pend_k + kChunk * D;
             const float* ck = cache_.k(item);
             const float* cv = cache_.v(item);
-            detail::taylor::chunk_buffers<A> cb(D, Dv, kChunk, 0);
+            detail::scratch_object<detail::taylor::chunk_buffers<A>> cb_lease;
+            detail::taylor::chunk_buffers<A>& cb = cb_lease.get();
+            cb.init(D, Dv, kChunk, 0);
             for (index_t c = 0; c < full; ++c) {
                 const index_t ld =
                     detail::taylor::pack_keys(cb, ck + c * kChunk * D, D, cv + c * kChunk * Dv, Dv, kChunk, k_factor);
@@ -273,9 +290,17 @@ class taylor_state {
         float* S = state_.data() + per_item_ * item;
         float* pend_k = S + features_.padded * dvp_;
         float* pend_v = pend_k + kChunk * D;
-        detail::taylor::chunk_buffers<A> cb(D, Dv, kChunk, (kChunk * G + RT - 1) / RT);
-        std::vector<float> buf, qa(static_cast<std::size_t>(D + 2)), phi(static_cast<std::size_t>(features_.padded));
-        std::vector<float> rows;  // row path: num (dvp rounded to lanes) per row
+        // Scratch of this thread's (scratch.hpp): a decode step allocates nothing.
+        detail::scratch_object<detail::taylor::chunk_buffers<A>> cb_lease;
+        detail::taylor::chunk_buffers<A>& cb = cb_lease.get();
+        cb.init(D, Dv, kChunk, (kChunk * G + RT - 1) / RT);
+        detail::scratch_lease<> buf_lease, qa_lease, phi_lease, rows_lease;
+        std::vector<float>& buf = buf_lease.get();
+        std::vector<float>& qa = qa_lease.get();
+        std::vector<float>& phi = phi_lease.get();
+        std::vector<float>& rows = rows_lease.get();  // row path: num (dvp rounded to lanes) per row
+        qa.assign(static_cast<std::size_t>(D + 2), 0.0f);
+        phi.assign(static_cast<std::size_t>(features_.padded), 0.0f);
         const index_t acc_ld = (dvp_ + kLanes - 1) / kLanes * kLanes;
         // Large queries and keys: the weights come out times 2^-2 (q_shift + k_shift_), the
         // chunk's quadratic part (score_shift) and eps alike.

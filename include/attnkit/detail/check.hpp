@@ -236,6 +236,14 @@ inline std::string check_state_sizes(const char* state, index_t batch, index_t h
 // out apart from k, v and itself; out may be q itself, the same view (each state reads a token's
 // query before it writes that token's output). `state` names the class in the messages. Returns
 // the step's shape, Lq = Lk = T.
+// A state step's tensor against its layout "<layout> of the <state>", a string built only to
+// throw: a decode step allocates nothing.
+template <class T>
+void check_step_shape(const char* state, const char* name, const view<T, 4>& x, const std::array<index_t, 4>& want,
+                      const char* layout) {
+    if (x.dims != want) check_shape<T, 4>(name, x, want, (std::string(layout) + " of the " + state).c_str());
+}
+
 template <class TQ, class TK, class TV, class TO>
 attention_shape check_state_step(const char* state, const view<TQ, 4>& q, const view<TK, 4>& k, const view<TV, 4>& v,
                                  const view<TO, 4>& out, const attention_shape& sizes, index_t min_tokens) {
@@ -247,11 +255,10 @@ attention_shape check_state_step(const char* state, const view<TQ, 4>& q, const 
     if (T < min_tokens)
         fail("q: a " + std::string(state) + " step appends T >= " + number(min_tokens) + " tokens, got q " +
              shape_string(q));
-    const std::string of = std::string(" of the ") + state;
-    check_shape("q", q, {sizes.batch, T, sizes.heads, sizes.dim}, ("[B, T, H, D]" + of).c_str());
-    check_shape("k", k, {sizes.batch, T, sizes.heads_k, sizes.dim}, ("[B, T, Hk, D]" + of).c_str());
-    check_shape("v", v, {sizes.batch, T, sizes.heads_k, sizes.dim_v}, ("[B, T, Hk, Dv]" + of).c_str());
-    check_shape("out", out, {sizes.batch, T, sizes.heads, sizes.dim_v}, ("[B, T, H, Dv]" + of).c_str());
+    check_step_shape(state, "q", q, {sizes.batch, T, sizes.heads, sizes.dim}, "[B, T, H, D]");
+    check_step_shape(state, "k", k, {sizes.batch, T, sizes.heads_k, sizes.dim}, "[B, T, Hk, D]");
+    check_step_shape(state, "v", v, {sizes.batch, T, sizes.heads_k, sizes.dim_v}, "[B, T, Hk, Dv]");
+    check_step_shape(state, "out", out, {sizes.batch, T, sizes.heads, sizes.dim_v}, "[B, T, H, Dv]");
     check_attention_memory(q, k, v, out, static_cast<const view<float, 3>*>(nullptr));
     return attention_shape{sizes.batch, T, T, sizes.heads, sizes.heads_k, sizes.dim, sizes.dim_v};
 }

@@ -54,5 +54,20 @@ class scratch_lease {
     std::vector<T>* buf_;
 };
 
+// An object of this thread's for the lifetime of the lease, kept across calls: a struct of
+// buffers (default-constructible) whose members keep their capacity, so sizing them again for
+// a call of the same or a smaller shape allocates nothing.
+template <class T>
+class scratch_object {
+   public:
+    scratch_object() {
+        if (lease_.get().empty()) lease_.get().emplace_back();
+    }
+    T& get() noexcept { return lease_.get().front(); }
+
+   private:
+    scratch_lease<T> lease_;
+};
+
 }  // namespace detail
 }  // namespace attnkit

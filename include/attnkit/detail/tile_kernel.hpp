@@ -10,6 +10,7 @@
 #include "attnkit/detail/attention_problem.hpp"
 #include "attnkit/detail/micro_kernels.hpp"
 #include "attnkit/detail/row_transform.hpp"
+#include "attnkit/detail/scratch.hpp"
 
 namespace attnkit {
 namespace detail {
@@ -51,7 +52,9 @@ void tile_kernel(const basic_attention_problem<KVT, QT>& p, const Policy& pol, c
     // Per panel: the smallest and largest first and last visible key of its rows. A key block is
     // skipped by a panel that sees none of it, and runs without mask tests where all its rows
     // see all of it.
-    std::vector<index_t> bounds(static_cast<std::size_t>(4 * n_panels));
+    scratch_lease<index_t> bounds_lease;  // this thread's (scratch.hpp): no allocation per call
+    std::vector<index_t>& bounds = bounds_lease.get();
+    bounds.resize(static_cast<std::size_t>(4 * n_panels));
     index_t* min_lo = bounds.data();
     index_t* max_lo = min_lo + n_panels;
     index_t* min_hi = max_lo + n_panels;
@@ -82,7 +85,9 @@ void tile_kernel(const basic_attention_problem<KVT, QT>& p, const Policy& pol, c
 
     if (k_lo < k_hi) {
         const index_t n_blocks = (k_hi - k_lo + BK - 1) / BK;
-        std::vector<char> v_finite(static_cast<std::size_t>(n_sets));  // per set: its V tile is finite
+        scratch_lease<char> v_finite_lease;  // per set: its V tile is finite
+        std::vector<char>& v_finite = v_finite_lease.get();
+        v_finite.assign(static_cast<std::size_t>(n_sets), 0);
         // Last block first: under causal and window masks the partial blocks sit at the ends of
         // the range, and the blocks between them run without per-element mask tests.
         for (index_t bi = n_blocks - 1; bi >= 0; --bi) {

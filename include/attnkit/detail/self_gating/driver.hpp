@@ -20,10 +20,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <memory>
 #include <thread>
 #include <vector>
 
+#include "attnkit/detail/scratch.hpp"
 #include "attnkit/detail/self_gating/scan.hpp"
 #include "attnkit/thread_pool.hpp"
 
@@ -63,11 +63,25 @@ inline void merge_states(const state_ref& a, const state_ref& b, index_t nh, ind
 
 inline row_dest out_dest(const problem& p, index_t b, index_t l) { return {p.out_row(b, l, 0), p.ol, p.oh}; }
 
-// Published prefix states P_c of every (item, chunk), c = 0 .. nc, and their ready flags.
+// A ready flag of a prefix_table slot; copies are fresh flags (the table sets every flag it
+// uses), so that a vector of them can be resized.
+struct ready_flag {
+    std::atomic<int> v{0};
+    ready_flag() = default;
+    ready_flag(const ready_flag&) noexcept {}
+    ready_flag& operator=(const ready_flag&) noexcept { return *this; }
+};
+
+// Published prefix states P_c of every (item, chunk), c = 0 .. nc, and their ready flags, in
+// buffers of the calling thread's (scratch.hpp): a decode step allocates nothing.
 struct prefix_table {
     index_t nc, nh, dvp;
-    std::vector<float> m, z, n;
-    std::unique_ptr<std::atomic<int>[]> ready;
+    scratch_lease<> m_lease, z_lease, n_lease;
+    scratch_lease<ready_flag> ready_lease;
+    std::vector<float>& m = m_lease.get();
+    std::vector<float>& z = z_lease.get();
+    std::vector<float>& n = n_lease.get();
+    std::vector<ready_flag>& flags = ready_lease.get();
 
     prefix_table(const problem& p, index_t chunks, const state_arrays* init)
         : prefix_table(p.batch, p.heads, p.dim_vp, chunks, init) {}
@@ -80,21 +94,22 @@ struct prefix_table {
         m.assign(static_cast<std::size_t>(slots * nh), -HUGE_VALF);
         z.assign(static_cast<std::size_t>(slots * nh), 0.0f);
         n.assign(static_cast<std::size_t>(slots * nh * dvp), 0.0f);
-        ready.reset(new std::atomic<int>[static_cast<std::size_t>(slots)]);
-        for (index_t s = 0; s < slots; ++s) ready[s].store(0, std::memory_order_relaxed);
+        flags.resize(static_cast<std::size_t>(slots));
+        for (index_t s = 0; s < slots; ++s) ready(s).store(0, std::memory_order_relaxed);
         for (index_t b = 0; b < batch; ++b) {
             if (init) copy_state(at(b, 0), {init->m + b * nh, init->z + b * nh, init->n + b * nh * dvp}, nh, dvp);
-            ready[b * (nc + 1)].store(1, std::memory_order_release);
+            ready(b * (nc + 1)).store(1, std::memory_order_release);
         }
     }
+    std::atomic<int>& ready(index_t s) { return flags[static_cast<std::size_t>(s)].v; }
     state_ref at(index_t b, index_t c) { return slot(m, z, n, b * (nc + 1) + c, nh, dvp); }
     void wait(index_t b, index_t c) {
-        std::atomic<int>& f = ready[b * (nc + 1) + c];
+        std::atomic<int>& f = ready(b * (nc + 1) + c);
         for (int spin = 0; f.load(std::memory_order_acquire) == 0; ++spin)
             if (spin > 64) std::this_thread::yield();
     }
-    bool ready_now(index_t b, index_t c) { return ready[b * (nc + 1) + c].load(std::memory_order_acquire) != 0; }
-    void publish(index_t b, index_t c) { ready[b * (nc + 1) + c].store(1, std::memory_order_release); }
+    bool ready_now(index_t b, index_t c) { return ready(b * (nc + 1) + c).load(std::memory_order_acquire) != 0; }
+    void publish(index_t b, index_t c) { ready(b * (nc + 1) + c).store(1, std::memory_order_release); }
     void save(index_t b, const state_arrays* fin) {
         if (fin) copy_state({fin->m + b * nh, fin->z + b * nh, fin->n + b * nh * dvp}, at(b, nc), nh, dvp);
     }
@@ -112,10 +127,16 @@ void run_causal(const problem& p, thread_pool* pool, const state_arrays* init, c
         // Everything a chunk needs is allocated before the first claim: an exception after a
         // claim would leave the chunk's successors waiting. A lone worker finds every prefix
         // published when it claims the next chunk, and needs no row buffer.
-        states loc;
+        // The worker's buffers are its thread's scratch (scratch.hpp).
+        scratch_object<states> loc_lease;
+        states& loc = loc_lease.get();
         loc.resize(H, dvp);
         const index_t rows = workers > 1 ? std::min(C, L) : 0;  // a decode step (L = 1) needs one row
-        std::vector<float> buf(static_cast<std::size_t>(rows * H * dvp)), mz(static_cast<std::size_t>(2 * rows * H));
+        scratch_lease<> buf_lease, mz_lease;
+        std::vector<float>& buf = buf_lease.get();
+        std::vector<float>& mz = mz_lease.get();
+        buf.assign(static_cast<std::size_t>(rows * H * dvp), 0.0f);
+        mz.assign(static_cast<std::size_t>(2 * rows * H), 0.0f);
         const row_dest buf_dest{buf.data(), H * dvp, dvp};
         for (index_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
             const index_t b = it / nc, c = it % nc, c0 = c * C, c1 = std::min(c0 + C, L);

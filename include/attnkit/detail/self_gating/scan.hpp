@@ -43,7 +43,7 @@ struct problem {
     float scale = 1.0f;
     bool causal = false;
     bool stream = false;                // non-temporal stores of the final output rows
-    std::vector<index_t> visible;       // per batch item: tokens [0, visible[b]) are unmasked
+    const index_t* visible = nullptr;   // per batch item: tokens [0, visible[b]) are unmasked
 
     float* out_row(index_t b, index_t l, index_t h) const { return out + b * ob + l * ol + h * oh; }
 };

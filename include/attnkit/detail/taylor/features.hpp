@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "attnkit/detail/micro_kernels.hpp"
+#include "attnkit/detail/scratch.hpp"
 #include "attnkit/detail/tile_traits.hpp"
 
 namespace attnkit {
@@ -118,7 +119,8 @@ void read_row(const feature_table& ft, const float* S, index_t dvp, const float*
     }
 }
 
-// Sizes of one chunk step, and its scratch.
+// Sizes of one chunk step, and its scratch. Kept per thread across calls (scratch_object,
+// scratch.hpp): init sizes and zeroes the buffers, allocating only when they grow.
 template <class A>
 struct chunk_buffers {
     using TT = tile_traits<A>;
@@ -128,20 +130,25 @@ struct chunk_buffers {
     // Phi_K^T (256 x 64) is ~130 KiB, a quarter of L2.
     static constexpr index_t kFeatureBlock = MR * (256 / MR);
 
-    index_t dim, dim_v, dvp, n_vpanels, max_tokens, max_panels;
+    // Columns of S and of a query's output panel: Dv + 1 (the denominator) rounded up to MR.
+    static constexpr index_t padded_dim_v(index_t dv) { return (dv + 1 + MR - 1) / MR * MR; }
+
+    index_t dim = 0, dim_v = 0, dvp = 0, n_vpanels = 0, max_tokens = 0, max_panels = 0;
     std::vector<float> kt, vt, qt, ot, phik, phiq, tmp;
 
-    chunk_buffers(index_t d, index_t dv, index_t tokens, index_t panels)
-        : dim(d), dim_v(dv), dvp((dv + 1 + MR - 1) / MR * MR), n_vpanels((dv + RT - 1) / RT),
-          max_tokens(tokens), max_panels(panels) {
+    chunk_buffers() = default;
+    chunk_buffers(index_t d, index_t dv, index_t tokens, index_t panels) { init(d, dv, tokens, panels); }
+    void init(index_t d, index_t dv, index_t tokens, index_t panels) {
+        dim = d, dim_v = dv, dvp = padded_dim_v(dv), n_vpanels = (dv + RT - 1) / RT;
+        max_tokens = tokens, max_panels = panels;
         const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
-        kt.resize(sz((d + 2) * tokens));
-        vt.resize(sz(n_vpanels * tokens * RT));
-        qt.resize(sz(panels * (d + 2) * RT));
-        ot.resize(sz(panels * dvp * RT));
-        phik.resize(sz(kFeatureBlock * tokens));
-        phiq.resize(sz(kFeatureBlock * RT));
-        tmp.resize(sz(kFeatureBlock * RT));
+        kt.assign(sz((d + 2) * tokens), 0.0f);
+        vt.assign(sz(n_vpanels * tokens * RT), 0.0f);
+        qt.assign(sz(panels * (d + 2) * RT), 0.0f);
+        ot.assign(sz(panels * dvp * RT), 0.0f);
+        phik.assign(sz(kFeatureBlock * tokens), 0.0f);
+        phiq.assign(sz(kFeatureBlock * RT), 0.0f);
+        tmp.assign(sz(kFeatureBlock * RT), 0.0f);
     }
     float* q_panel(index_t t) { return qt.data() + t * (dim + 2) * RT; }
     float* o_panel(index_t t) { return ot.data() + t * dvp * RT; }

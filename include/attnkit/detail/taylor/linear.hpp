@@ -154,7 +154,7 @@ ATTNKIT_NOINLINE void linear_forward_split(const view<const float, 4>& q, const 
     const feature_table ft(s.dim, TT::kMR, split);
     const index_t G = s.group(), items = s.batch * s.heads_k;
     const index_t n_chunks = (s.len_k + kChunk - 1) / kChunk;
-    const index_t dvp = chunk_buffers<A>(s.dim, s.dim_v, 0, 0).dvp;
+    const index_t dvp = chunk_buffers<A>::padded_dim_v(s.dim_v);
     const std::size_t state_size = static_cast<std::size_t>(ft.padded * dvp);
     const index_t n_seg = std::max<index_t>(
         1, std::min((kLinearTargetItems + items - 1) / std::max<index_t>(items, 1), n_chunks / kMinSegmentChunks));
