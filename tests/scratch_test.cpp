@@ -5,7 +5,8 @@
 // run once to warm the calling thread's scratch, then the count across the next calls must be
 // zero. Covered: softmax_attention decode (MHA and GQA; float, bfloat16 and half K/V;
 // token-major and head-major views; a cache long enough to be split into pieces; key_lengths),
-// paged_attention and softmax_attention_varlen decode, one thread; the decode states' steps
+// paged_attention and softmax_attention_varlen decode, taylor_attention decode (the quadratic
+// form through the same driver), one thread; the decode states' steps
 // (taylor_state past its fold and in the linear form, and in the quadratic form after
 // reserve; mta_state after reserve, every stage on; self_gating_state). With a thread pool the pieces go to whichever thread
 // takes them, so a thread may meet a kind of piece for the first time in a later call; what
@@ -16,6 +17,7 @@
 #include "attnkit/paged_attention.hpp"
 #include "attnkit/self_gating_attention.hpp"
 #include "attnkit/softmax_attention.hpp"
+#include "attnkit/taylor_attention.hpp"
 #include "attnkit/taylor_state.hpp"
 #include "attnkit/varlen_attention.hpp"
 
@@ -141,6 +143,19 @@ TEST(scratch, varlen_decode_allocates_nothing_after_the_first_call) {
     for (int rep = 0; rep < 3; ++rep)
         EXPECT_EQ(allocations_of([&] { attnkit::softmax_attention_varlen(q, k, v, cu_q, cu_k, out); }), 0)
             << "call " << rep;
+}
+
+TEST(scratch, taylor_decode_allocates_nothing_after_the_first_call) {
+    const index_t H = 8, Hk = 2, D = 64, Lk = 3000;
+    const tensor4<float> q = random_bshd(2, 1, H, D, distribution::gaussian, 13);
+    const tensor4<float> k = random_bshd(2, Lk, Hk, D, distribution::gaussian, 14);
+    const tensor4<float> v = random_bshd(2, Lk, Hk, D, distribution::gaussian, 15);
+    tensor4<float> out(2, 1, H, D);
+    attnkit::taylor_options o;
+    o.causal = true;  // bottom-right: the query is the last token
+    attnkit::taylor_attention(q, k, v, out, o);  // warms this thread's scratch
+    for (int rep = 0; rep < 3; ++rep)
+        EXPECT_EQ(allocations_of([&] { attnkit::taylor_attention(q, k, v, out, o); }), 0) << "call " << rep;
 }
 
 // Decode steps of a state, one token each: the first warms this thread's scratch, the next
