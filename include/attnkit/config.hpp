@@ -1,6 +1,6 @@
 // attnkit: configuration macros shared by every header, and attnkit::index_t.
 //
-//   ATTNKIT_ALWAYS_INLINE, ATTNKIT_NOINLINE, ATTNKIT_RESTRICT, ATTNKIT_PREFETCH(p),
+//   ATTNKIT_ALWAYS_INLINE, ATTNKIT_NOINLINE, ATTNKIT_UNROLL, ATTNKIT_RESTRICT, ATTNKIT_PREFETCH(p),
 //   ATTNKIT_LIKELY(x), ATTNKIT_UNLIKELY(x)     portable spellings of compiler hints
 //   -DATTNKIT_SIMD_SCALAR                      force the one-lane portable SIMD path
 //   -DATTNKIT_EXTERN_KERNELS                   the kernels compiled once, elsewhere (below)
@@ -17,6 +17,11 @@
 #define ATTNKIT_RESTRICT __restrict__
 #define ATTNKIT_PREFETCH(p) __builtin_prefetch(p)
 #define ATTNKIT_NOINLINE __attribute__((noinline))
+#if defined(__clang__)
+#define ATTNKIT_UNROLL _Pragma("unroll")
+#else
+#define ATTNKIT_UNROLL _Pragma("GCC unroll 64")
+#endif
 #define ATTNKIT_LIKELY(x) __builtin_expect(!!(x), 1)
 #define ATTNKIT_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
@@ -26,7 +31,13 @@
 #define ATTNKIT_UNLIKELY(x) (x)
 #define ATTNKIT_PREFETCH(p) ((void)(p))
 #define ATTNKIT_NOINLINE
+#define ATTNKIT_UNROLL
 #endif
+
+// ATTNKIT_UNROLL before a loop over a compile-time count of vector registers (an array of
+// accumulators): GCC unrolls such a loop completely at -O3, but at -O2 not when that grows the
+// code, and a loop left rolled keeps its array in memory, a load and a store around every FMA
+// (the prefill kernels ran 2.4-2.6x slower at -O2: docs/benchmarks.md, "-O2 against -O3").
 
 // Define ATTNKIT_SIMD_SCALAR to force the portable one-lane path (debugging, exotic targets).
 // It is chosen automatically when xsimd finds no SIMD architecture for the compile flags.

@@ -72,20 +72,20 @@ ATTNKIT_ALWAYS_INLINE void scores_tile(const float* ATTNKIT_RESTRICT kp, index_t
     constexpr index_t W = tile_traits<A>::kLanes;
     constexpr index_t RT = tile_traits<A>::kTileRows;
     V acc[MR][kNR];
-    for (int m = 0; m < MR; ++m)
-        for (int n = 0; n < kNR; ++n) acc[m][n] = V(0.0f);
+    ATTNKIT_UNROLL for (int m = 0; m < MR; ++m)
+        ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) acc[m][n] = V(0.0f);
     for (index_t d = 0; d < dim; ++d) {
         V qv[kNR];
-        for (int n = 0; n < kNR; ++n) qv[n] = simd::loadu<A>(qt + d * RT + n * W);
-        for (int m = 0; m < MR; ++m) {
+        ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) qv[n] = simd::loadu<A>(qt + d * RT + n * W);
+        ATTNKIT_UNROLL for (int m = 0; m < MR; ++m) {
             const V kb(kp[m * ld + d]);
-            for (int n = 0; n < kNR; ++n) acc[m][n] = simd::fma(kb, qv[n], acc[m][n]);
+            ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) acc[m][n] = simd::fma(kb, qv[n], acc[m][n]);
         }
     }
     // The softmax needs each row's max over the block: taking it here, from registers, saves a
     // pass over S^T.
-    for (int m = 0; m < MR; ++m)
-        for (int n = 0; n < kNR; ++n) {
+    ATTNKIT_UNROLL for (int m = 0; m < MR; ++m)
+        ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) {
             simd::storeu(st + m * RT + n * W, acc[m][n]);
             if (m < valid) mx[n] = simd::max(acc[m][n], mx[n]);
         }
@@ -121,15 +121,15 @@ ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t
     constexpr index_t W = tile_traits<A>::kLanes;
     constexpr index_t RT = tile_traits<A>::kTileRows;
     V acc[MC][kNR];
-    for (int c = 0; c < MC; ++c)
-        for (int n = 0; n < kNR; ++n) acc[c][n] = simd::loadu<A>(ot + c * RT + n * W) * alpha[n];
+    ATTNKIT_UNROLL for (int c = 0; c < MC; ++c)
+        ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) acc[c][n] = simd::loadu<A>(ot + c * RT + n * W) * alpha[n];
     for (index_t j = 0; j < n_keys; ++j) {
         V pv[kNR];
-        for (int n = 0; n < kNR; ++n) pv[n] = simd::loadu<A>(pt + j * RT + n * W);
+        ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) pv[n] = simd::loadu<A>(pt + j * RT + n * W);
         const V jf(static_cast<float>(j0 + j));
-        for (int c = 0; c < MC; ++c) {
+        ATTNKIT_UNROLL for (int c = 0; c < MC; ++c) {
             const V vb(vp[j * ld + c]);
-            for (int n = 0; n < kNR; ++n) {
+            ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) {
                 if constexpr (kGuardMasked)
                     acc[c][n] = simd::select(jf < lo[n], acc[c][n],
                                              simd::select(jf >= hi[n], acc[c][n], simd::fma(vb, pv[n], acc[c][n])));
@@ -138,8 +138,8 @@ ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t
             }
         }
     }
-    for (int c = 0; c < MC; ++c)
-        for (int n = 0; n < kNR; ++n) simd::storeu(ot + c * RT + n * W, acc[c][n]);
+    ATTNKIT_UNROLL for (int c = 0; c < MC; ++c)
+        ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) simd::storeu(ot + c * RT + n * W, acc[c][n]);
 }
 
 // All value columns of a dense V tile [n_keys][ld] against one row panel; ld (a multiple of
@@ -156,7 +156,7 @@ ATTNKIT_NOINLINE void values_panel(const float* vp, index_t ld, index_t n_keys, 
     constexpr index_t W = tile_traits<A>::kLanes;
     constexpr index_t RT = tile_traits<A>::kTileRows;
     V lov[kNR], hiv[kNR];
-    for (int n = 0; n < kNR; ++n) {
+    ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) {
         lov[n] = kGuardMasked ? simd::loadu<A>(lo + n * W) : V(0.0f);
         hiv[n] = kGuardMasked ? simd::loadu<A>(hi + n * W) : V(0.0f);
     }

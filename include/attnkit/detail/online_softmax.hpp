@@ -59,7 +59,7 @@ ATTNKIT_NOINLINE void softmax_panel(float* st, index_t n_keys, index_t j0, bool 
     constexpr index_t W = tile_traits<A>::kLanes;
     constexpr index_t RT = tile_traits<A>::kTileRows;
     const V neg_inf(kNegInf);
-    for (int n = 0; n < kNR; ++n) {
+    ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) {
         float* s = st + n * W;
         if (tf.softcap > 0.0f) {
             const V inv(1.0f / tf.softcap), cap(tf.softcap * simd::kLog2e);

@@ -75,18 +75,16 @@ ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const Eigen::bfloat16* qx,
     constexpr index_t W = simd::kLanes<A>;
     constexpr index_t KG = kRowScoreKeys;
     V acc[KG];
-    for (index_t u = 0; u < KG; ++u) acc[u] = V(0.0f);
+    ATTNKIT_UNROLL for (index_t u = 0; u < KG; ++u) acc[u] = V(0.0f);
     index_t d = 0;
     if constexpr (kDotBf16<A, T>) {
         for (; d + 2 * W <= dim; d += 2 * W) {
-#pragma GCC unroll 16
-            for (index_t u = 0; u < KG; ++u) acc[u] = simd::dot_bf16x3<A>(acc[u], qx + 3 * d, k + u * k_stride + d);
+            ATTNKIT_UNROLL for (index_t u = 0; u < KG; ++u) acc[u] = simd::dot_bf16x3<A>(acc[u], qx + 3 * d, k + u * k_stride + d);
         }
     } else if constexpr (kPairOrder<A, T>) {
         for (; d + 2 * W <= dim; d += 2 * W) {
             const V qe = simd::loadu<A>(q + d), qo = simd::loadu<A>(q + d + W);
-#pragma GCC unroll 16
-            for (index_t u = 0; u < KG; ++u) {
+            ATTNKIT_UNROLL for (index_t u = 0; u < KG; ++u) {
                 V e, o;
                 simd::load_bf16_pairs<A>(k + u * k_stride + d, e, o);
                 acc[u] = simd::fma(qo, o, simd::fma(qe, e, acc[u]));
@@ -95,19 +93,18 @@ ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const Eigen::bfloat16* qx,
     }
     for (; d + W <= dim; d += W) {
         const V qv = simd::loadu<A>(q + d);
-#pragma GCC unroll 16
-        for (index_t u = 0; u < KG; ++u) acc[u] = simd::fma(qv, simd::load_float<A>(k + u * k_stride + d), acc[u]);
+        ATTNKIT_UNROLL for (index_t u = 0; u < KG; ++u) acc[u] = simd::fma(qv, simd::load_float<A>(k + u * k_stride + d), acc[u]);
     }
     if (d < dim) {
         const V qv = simd::loadu<A>(q + d);
-        for (index_t u = 0; u < KG; ++u)
+        ATTNKIT_UNROLL for (index_t u = 0; u < KG; ++u)
             acc[u] = simd::fma(qv, simd::load_float_partial<A>(k + u * k_stride + d, dim - d), acc[u]);
     }
     // Transposing reductions, W sums at a time (zero vectors fill the lanes past KG).
     constexpr index_t NG = (KG + W - 1) / W;
-    for (index_t g = 0; g < NG; ++g) {
+    ATTNKIT_UNROLL for (index_t g = 0; g < NG; ++g) {
         V all[W];
-        for (index_t u = 0; u < W; ++u) all[u] = g * W + u < KG ? acc[g * W + u] : V(0.0f);
+        ATTNKIT_UNROLL for (index_t u = 0; u < W; ++u) all[u] = g * W + u < KG ? acc[g * W + u] : V(0.0f);
         alignas(64) float sums[W];
         simd::storeu(sums, simd::hsum_each(all));
         for (index_t u = 0; u < W && g * W + u < KG; ++u) out[(g * W + u) * out_stride] = sums[u];
@@ -143,13 +140,12 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, index_t p_s
     constexpr index_t W = simd::kLanes<A>;
     constexpr index_t KU = kRowValueKeys;
     V pv[KU];
-    for (index_t u = 0; u < KU; ++u) pv[u] = V(p[u * p_stride]);
+    ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) pv[u] = V(p[u * p_stride]);
     index_t c = 0;
     if constexpr (kPairOrder<A, T>) {
         for (; c + 2 * W <= dim_v; c += 2 * W) {
             V ae = simd::loadu<A>(o + c), ao = simd::loadu<A>(o + c + W);
-#pragma GCC unroll 8
-            for (index_t u = 0; u < KU; ++u) {
+            ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) {
                 V e, od;
                 simd::load_bf16_pairs<A>(v + u * v_stride + c, e, od);
                 ae = simd::fma(pv[u], e, ae);
@@ -161,13 +157,12 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, index_t p_s
     }
     for (; c + W <= dim_v; c += W) {
         V a = simd::loadu<A>(o + c);
-#pragma GCC unroll 8
-        for (index_t u = 0; u < KU; ++u) a = simd::fma(pv[u], simd::load_float<A>(v + u * v_stride + c), a);
+        ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) a = simd::fma(pv[u], simd::load_float<A>(v + u * v_stride + c), a);
         simd::storeu(o + c, a);
     }
     for (; c < dim_v; ++c) {
         float a = o[c];
-        for (index_t u = 0; u < KU; ++u) a += p[u * p_stride] * simd::to_float(v[u * v_stride + c]);
+        ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) a += p[u * p_stride] * simd::to_float(v[u * v_stride + c]);
         o[c] = a;
     }
 }
@@ -202,10 +197,10 @@ ATTNKIT_NOINLINE void score_keys_rows(const float* q, index_t q_stride, const T*
         index_t d = 0;
         if constexpr (kPairOrder<A, T>) {
             for (; d + 2 * W <= dim; d += 2 * W) {
-                for (index_t u = 0; u < KS; ++u) {
+                ATTNKIT_UNROLL for (index_t u = 0; u < KS; ++u) {
                     V e, o;
                     simd::load_bf16_pairs<A>(kp + u * k_stride + d, e, o);
-                    for (index_t r = 0; r < RB; ++r) {
+                    ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
                         const float* qr = q + r * q_stride + d;
                         acc[r * KS + u] =
                             simd::fma(simd::loadu<A>(qr + W), o, simd::fma(simd::loadu<A>(qr), e, acc[r * KS + u]));
@@ -214,24 +209,24 @@ ATTNKIT_NOINLINE void score_keys_rows(const float* q, index_t q_stride, const T*
             }
         }
         for (; d + W <= dim; d += W) {
-            for (index_t u = 0; u < KS; ++u) {
+            ATTNKIT_UNROLL for (index_t u = 0; u < KS; ++u) {
                 const V kv = simd::load_float<A>(kp + u * k_stride + d);
-                for (index_t r = 0; r < RB; ++r)
+                ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r)
                     acc[r * KS + u] = simd::fma(simd::loadu<A>(q + r * q_stride + d), kv, acc[r * KS + u]);
             }
         }
         if (d < dim) {
-            for (index_t u = 0; u < KS; ++u) {
+            ATTNKIT_UNROLL for (index_t u = 0; u < KS; ++u) {
                 const V kv = simd::load_float_partial<A>(kp + u * k_stride + d, dim - d);
-                for (index_t r = 0; r < RB; ++r)
+                ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r)
                     acc[r * KS + u] = simd::fma(simd::loadu<A>(q + r * q_stride + d), kv, acc[r * KS + u]);
             }
         }
         constexpr index_t N = RB * KS;
         constexpr index_t NG = (N + W - 1) / W;
-        for (index_t g = 0; g < NG; ++g) {
+        ATTNKIT_UNROLL for (index_t g = 0; g < NG; ++g) {
             V all[W];
-            for (index_t i = 0; i < W; ++i) all[i] = g * W + i < N ? acc[g * W + i] : V(0.0f);
+            ATTNKIT_UNROLL for (index_t i = 0; i < W; ++i) all[i] = g * W + i < N ? acc[g * W + i] : V(0.0f);
             alignas(64) float sums[W];
             simd::storeu(sums, simd::hsum_each(all));
             for (index_t i = 0; i < W && g * W + i < N; ++i) {
@@ -255,20 +250,20 @@ ATTNKIT_NOINLINE void accumulate_keys_rows(float* o, index_t o_row, const float*
     if constexpr (kPairOrder<A, T>) {
         for (; c + 2 * W <= dim_v; c += 2 * W) {
             V ae[RB], ao[RB];
-            for (index_t r = 0; r < RB; ++r) {
+            ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
                 ae[r] = simd::loadu<A>(o + r * o_row + c);
                 ao[r] = simd::loadu<A>(o + r * o_row + c + W);
             }
-            for (index_t u = 0; u < KU; ++u) {
+            ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) {
                 V e, od;
                 simd::load_bf16_pairs<A>(v + u * v_stride + c, e, od);
-                for (index_t r = 0; r < RB; ++r) {
+                ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
                     const V pv(p[r * p_row + u * p_stride]);
                     ae[r] = simd::fma(pv, e, ae[r]);
                     ao[r] = simd::fma(pv, od, ao[r]);
                 }
             }
-            for (index_t r = 0; r < RB; ++r) {
+            ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
                 simd::storeu(o + r * o_row + c, ae[r]);
                 simd::storeu(o + r * o_row + c + W, ao[r]);
             }
@@ -276,17 +271,17 @@ ATTNKIT_NOINLINE void accumulate_keys_rows(float* o, index_t o_row, const float*
     }
     for (; c + W <= dim_v; c += W) {
         V a[RB];
-        for (index_t r = 0; r < RB; ++r) a[r] = simd::loadu<A>(o + r * o_row + c);
-        for (index_t u = 0; u < KU; ++u) {
+        ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) a[r] = simd::loadu<A>(o + r * o_row + c);
+        ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) {
             const V vv = simd::load_float<A>(v + u * v_stride + c);
-            for (index_t r = 0; r < RB; ++r) a[r] = simd::fma(V(p[r * p_row + u * p_stride]), vv, a[r]);
+            ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) a[r] = simd::fma(V(p[r * p_row + u * p_stride]), vv, a[r]);
         }
-        for (index_t r = 0; r < RB; ++r) simd::storeu(o + r * o_row + c, a[r]);
+        ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) simd::storeu(o + r * o_row + c, a[r]);
     }
     for (; c < dim_v; ++c)
-        for (index_t r = 0; r < RB; ++r) {
+        ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
             float a = o[r * o_row + c];
-            for (index_t u = 0; u < KU; ++u) a += p[r * p_row + u * p_stride] * simd::to_float(v[u * v_stride + c]);
+            ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) a += p[r * p_row + u * p_stride] * simd::to_float(v[u * v_stride + c]);
             o[r * o_row + c] = a;
         }
 }

@@ -42,15 +42,15 @@ ATTNKIT_ALWAYS_INLINE void tile_grads(float* s, float* dp, index_t n_rows, index
     constexpr index_t RT = tile_traits<A>::kTileRows;
     const V zero(0.0f);
     V key[kNR];
-    for (int n = 0; n < kNR; ++n) {
+    ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) {
         alignas(64) float idx[W];
-        for (index_t l = 0; l < W; ++l) idx[l] = static_cast<float>(key0 + n * W + l);
+        ATTNKIT_UNROLL for (index_t l = 0; l < W; ++l) idx[l] = static_cast<float>(key0 + n * W + l);
         key[n] = simd::loadu<A>(idx);
     }
     for (index_t r = 0; r < n_rows; ++r) {
         const auto g = row(r);
         const V lov(static_cast<float>(lo[r])), hiv(static_cast<float>(hi[r]));
-        for (int n = 0; n < kNR; ++n) {
+        ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) {
             float* sp = s + r * RT + n * W;
             float* dpp = dp + r * RT + n * W;
             V p = simd::loadu<A>(sp), ds = simd::loadu<A>(dpp);

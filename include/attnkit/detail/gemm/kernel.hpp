@@ -35,8 +35,8 @@ ATTNKIT_ALWAYS_INLINE void gemm_tile(const float* ap, const float* bp, index_t k
     for (index_t m = 0; m < mr; ++m) ATTNKIT_PREFETCH(c + m * ldc);
     scores_tile<A>(ap, kc, bp, kc, acc, 0, unused_max);
     if (mr == MR && nr == NR) {
-        for (index_t m = 0; m < MR; ++m)
-            for (int n = 0; n < kVecs; ++n) {
+        ATTNKIT_UNROLL for (index_t m = 0; m < MR; ++m)
+            ATTNKIT_UNROLL for (int n = 0; n < kVecs; ++n) {
                 float* p = c + m * ldc + n * W;
                 const V r = simd::loadu<A>(acc + m * NR + n * W);
                 simd::storeu(p, overwrite ? r : simd::loadu<A>(p) + r);
@@ -79,22 +79,22 @@ ATTNKIT_ALWAYS_INLINE void gemm_few_rows_panel(const float* a, index_t lda, cons
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     V acc[R][kV];
-    for (int m = 0; m < R; ++m)
-        for (int n = 0; n < kV; ++n) acc[m][n] = V(0.0f);
+    ATTNKIT_UNROLL for (int m = 0; m < R; ++m)
+        ATTNKIT_UNROLL for (int n = 0; n < kV; ++n) acc[m][n] = V(0.0f);
     if (nr == kV * W) {
         for (index_t d = 0; d < kc; ++d) {
             // Rows of B are ldb apart: fetch the lines a few rows ahead (inside the piece), one
             // prefetch per 64 bytes.
             const float* ahead = b + (d + kFewRowsAhead < kc ? d + kFewRowsAhead : kc - 1) * ldb;
-            for (int n = 0; n < kV; ++n) {
+            ATTNKIT_UNROLL for (int n = 0; n < kV; ++n) {
                 if ((n * W * sizeof(float)) % 64 == 0) ATTNKIT_PREFETCH(ahead + n * W);
                 const V bv = simd::loadu<A>(b + d * ldb + n * W);
-                for (int m = 0; m < R; ++m) acc[m][n] = simd::fma(V(a[m * lda + d]), bv, acc[m][n]);
+                ATTNKIT_UNROLL for (int m = 0; m < R; ++m) acc[m][n] = simd::fma(V(a[m * lda + d]), bv, acc[m][n]);
             }
         }
     } else {  // the last columns: never read past the end of a row of B
         for (index_t d = 0; d < kc; ++d)
-            for (int n = 0; n < kV; ++n) {
+            ATTNKIT_UNROLL for (int n = 0; n < kV; ++n) {
                 const index_t left = nr - n * W;
                 if (left <= 0) break;
                 V bv;
@@ -105,13 +105,13 @@ ATTNKIT_ALWAYS_INLINE void gemm_few_rows_panel(const float* a, index_t lda, cons
                     for (index_t x = 0; x < left && x < W; ++x) t[x] = b[d * ldb + n * W + x];
                     bv = simd::loadu<A>(t);
                 }
-                for (int m = 0; m < R; ++m) acc[m][n] = simd::fma(V(a[m * lda + d]), bv, acc[m][n]);
+                ATTNKIT_UNROLL for (int m = 0; m < R; ++m) acc[m][n] = simd::fma(V(a[m * lda + d]), bv, acc[m][n]);
             }
     }
     alignas(64) float out[R * kV * W];
-    for (int m = 0; m < R; ++m)
-        for (int n = 0; n < kV; ++n) simd::storeu(out + (m * kV + n) * W, acc[m][n]);
-    for (int m = 0; m < R; ++m)
+    ATTNKIT_UNROLL for (int m = 0; m < R; ++m)
+        ATTNKIT_UNROLL for (int n = 0; n < kV; ++n) simd::storeu(out + (m * kV + n) * W, acc[m][n]);
+    ATTNKIT_UNROLL for (int m = 0; m < R; ++m)
         for (index_t x = 0; x < nr; ++x) {
             float& y = c[m * ldc + x];
             y = overwrite ? out[m * kV * W + x] : y + out[m * kV * W + x];

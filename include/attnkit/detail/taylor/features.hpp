@@ -102,12 +102,12 @@ void read_row(const feature_table& ft, const float* S, index_t dvp, const float*
     for (index_t c0 = 0; c0 < dvp; c0 += kRowVectors * W) {
         const int nv = static_cast<int>(std::min<index_t>(kRowVectors, (dvp - c0 + W - 1) / W));
         V a[kRowVectors];
-        for (int x = 0; x < kRowVectors; ++x) a[x] = V(0.0f);
+        ATTNKIT_UNROLL for (int x = 0; x < kRowVectors; ++x) a[x] = V(0.0f);
         const float* s = S + c0;
         if (nv == kRowVectors) {
             for (index_t f = 0; f < ft.padded; ++f, s += dvp) {
                 const V pf(phi[f]);
-                for (int x = 0; x < kRowVectors; ++x) a[x] = simd::fma(pf, simd::loadu<A>(s + x * W), a[x]);
+                ATTNKIT_UNROLL for (int x = 0; x < kRowVectors; ++x) a[x] = simd::fma(pf, simd::loadu<A>(s + x * W), a[x]);
             }
         } else {
             for (index_t f = 0; f < ft.padded; ++f, s += dvp) {

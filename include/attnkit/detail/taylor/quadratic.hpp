@@ -110,7 +110,7 @@ struct quadratic_rows {
                 return simd::fma(x, simd::fma(x, half, one), one);
             }
         };
-        for (int n = 0; n < kNR; ++n) {
+        ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) {
             float* s = st + n * W;
             V sum(0.0f);
             if (masked) {
