@@ -17,10 +17,12 @@
 #define ATTNKIT_RESTRICT __restrict__
 #define ATTNKIT_PREFETCH(p) __builtin_prefetch(p)
 #define ATTNKIT_NOINLINE __attribute__((noinline))
+#ifndef ATTNKIT_UNROLL
 #if defined(__clang__)
 #define ATTNKIT_UNROLL _Pragma("unroll")
 #else
 #define ATTNKIT_UNROLL _Pragma("GCC unroll 64")
+#endif
 #endif
 #define ATTNKIT_LIKELY(x) __builtin_expect(!!(x), 1)
 #define ATTNKIT_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -31,13 +33,17 @@
 #define ATTNKIT_UNLIKELY(x) (x)
 #define ATTNKIT_PREFETCH(p) ((void)(p))
 #define ATTNKIT_NOINLINE
+#ifndef ATTNKIT_UNROLL
 #define ATTNKIT_UNROLL
+#endif
 #endif
 
 // ATTNKIT_UNROLL before a loop over a compile-time count of vector registers (an array of
 // accumulators): GCC unrolls such a loop completely at -O3, but at -O2 not when that grows the
 // code, and a loop left rolled keeps its array in memory, a load and a store around every FMA
 // (the prefill kernels ran 2.4-2.6x slower at -O2: docs/benchmarks.md, "-O2 against -O3").
+// Defined empty beforehand (-DATTNKIT_UNROLL=) it leaves the loops to the compiler: the same
+// results, in less compile time (attnkit's -O1 test builds, which exist for coverage).
 
 // Define ATTNKIT_SIMD_SCALAR to force the portable one-lane path (debugging, exotic targets).
 // It is chosen automatically when xsimd finds no SIMD architecture for the compile flags.
