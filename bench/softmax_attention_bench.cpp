@@ -11,7 +11,8 @@
 //
 // Shapes: prefill B=1, H=8, L in {256..4096}, D in {64, 128}, causal 0/1; GQA H=32/Hk=8, D=128,
 // L=2048; decode Lq=1, Lk in {4096, 16384, 65536}, D in {64, 128}, H=8 and GQA 32/8, K/V float,
-// bfloat16 ("kv:bf16/") and half ("kv:f16/"); batched decode B=4 with key_lengths of four
+// bfloat16 ("kv:bf16/"), half ("kv:f16/") and int8 with row scales ("kv:i8/", attnkit::int8_kv:
+// GB/s counts the scales); batched decode B=4 with key_lengths of four
 // different lengths ("kl:mixed"); prefill L=2048, D=128 causal with bfloat16 K/V; all with
 // threads 1 and 2.
 //
@@ -105,7 +106,7 @@ std::vector<attn_case> softmax_cases() {
         for (int t : kThreadCounts) cases.push_back(prefill_case(2048, 128, 32, 8, causal, t));
     // Decode (issue 6): K/V streamed once, GB/s and bw_frac against the read probe of the run;
     // float, bfloat16 and half K/V; MHA H = 8 and GQA 32/8.
-    for (kv_storage st : {kv_storage::f32, kv_storage::bf16, kv_storage::f16})
+    for (kv_storage st : {kv_storage::f32, kv_storage::bf16, kv_storage::f16, kv_storage::i8})
         for (std::int64_t Lk : {4096, 16384, 65536})
             for (std::int64_t D : {64, 128})
                 for (std::int64_t H : {8, 32})
@@ -123,12 +124,13 @@ std::vector<attn_case> softmax_cases() {
             c.kv = st;
             cases.push_back(c);
         }
-    // Prefill with a bfloat16 cache beside the float row of the same shape.
-    for (int t : kThreadCounts) {
-        attn_case c = prefill_case(2048, 128, 8, 8, true, t);
-        c.kv = kv_storage::bf16;
-        cases.push_back(c);
-    }
+    // Prefill with a bfloat16 and an int8 cache beside the float row of the same shape.
+    for (kv_storage st : {kv_storage::bf16, kv_storage::i8})
+        for (int t : kThreadCounts) {
+            attn_case c = prefill_case(2048, 128, 8, 8, true, t);
+            c.kv = st;
+            cases.push_back(c);
+        }
     return cases;
 }
 

@@ -23,8 +23,9 @@
 namespace attnkit_bench {
 
 inline void register_fast_kernels() {
-    // Also on bfloat16 / half K/V cases (add_typed_family: one generic callable for every storage).
-    add_typed_family("attnkit", [](auto& q, auto& k, auto& v, auto& out, auto& opts) {
+    // Also on bfloat16 / half / int8 K/V cases (add_typed_family: one generic callable for every
+    // storage).
+    add_typed_family<true>("attnkit", [](auto& q, auto& k, auto& v, auto& out, auto& opts) {
         attnkit::softmax_attention(q, k, v, out, opts);
     });
 }

@@ -11,9 +11,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attnkit/reference/varlen_attention.hpp"
@@ -57,6 +59,29 @@ double stored(float x) {
     return static_cast<double>(static_cast<float>(T(x)));
 }
 
+// A row of n values as the cache stores it: each element rounded to T, or (int8) the row
+// quantised by attnkit::quantize_kv and dequantised in double.
+template <class T>
+void append_stored(const float* x, index_t n, std::vector<double>& row) {
+    if constexpr (std::is_same<T, std::int8_t>::value) {
+        Eigen::Tensor<std::int8_t, 4, Eigen::RowMajor> q(1, 1, 1, n);
+        Eigen::Tensor<float, 3, Eigen::RowMajor> s(1, 1, 1);
+        attnkit::quantize_kv(attnkit::view<const float, 4>(x, {1, 1, 1, n}), q, s);
+        for (index_t d = 0; d < n; ++d) row.push_back(static_cast<double>(s(0, 0, 0)) * q(0, 0, 0, d));
+    } else {
+        for (index_t d = 0; d < n; ++d) row.push_back(stored<T>(x[d]));
+    }
+}
+
+// Element (pg, r, h, d) of a layer's pages as a double.
+template <class P>
+double page_value(const P& pages, index_t pg, index_t r, index_t h, index_t d) {
+    if constexpr (std::is_same<P, attnkit::int8_kv>::value)
+        return static_cast<double>(pages.scales()(pg, r, h)) * pages.values()(pg, r, h, d);
+    else
+        return static_cast<double>(static_cast<float>(*pages.ptr(pg, r, h, d)));
+}
+
 // Appends the step's rows (random float, seeded by the step) to the cache and to the model.
 template <class T>
 void append_step(kv_cache<T>& cache, dense_model<T>& m, const kv_step& st, std::uint64_t seed,
@@ -83,8 +108,8 @@ void append_step(kv_cache<T>& cache, dense_model<T>& m, const kv_step& st, std::
             for (std::int64_t j = st.kv.cu_seqlens_q[i]; j < st.kv.cu_seqlens_q[i + 1]; ++j, ++t) {
                 std::vector<double> kr, vr;
                 for (index_t h = 0; h < kHk; ++h) {
-                    for (index_t d = 0; d < kD; ++d) kr.push_back(stored<T>(rotated(t, h, d)));
-                    for (index_t d = 0; d < kDv; ++d) vr.push_back(stored<T>(vn(t, h, d)));
+                    append_stored<T>(&rotated(t, h, 0), kD, kr);
+                    append_stored<T>(&vn(t, h, 0), kDv, vr);
                 }
                 ks.push_back(kr);
                 vs.push_back(vr);
@@ -110,13 +135,11 @@ template <class T>
                 const index_t pg = pages[static_cast<std::size_t>(j / 64)], r = j % 64;
                 for (index_t h = 0; h < kHk; ++h) {
                     for (index_t d = 0; d < kD; ++d)
-                        if (static_cast<double>(static_cast<float>(*kp.ptr(pg, r, h, d))) !=
-                            rows[j][h * kD + d])
+                        if (page_value(kp, pg, r, h, d) != rows[j][h * kD + d])
                             return ::testing::AssertionFailure()
                                    << "K of sequence " << id << " row " << j;
                     for (index_t d = 0; d < kDv; ++d)
-                        if (static_cast<double>(static_cast<float>(*vp.ptr(pg, r, h, d))) !=
-                            m.v[layer].at(id)[j][h * kDv + d])
+                        if (page_value(vp, pg, r, h, d) != m.v[layer].at(id)[j][h * kDv + d])
                             return ::testing::AssertionFailure()
                                    << "V of sequence " << id << " row " << j;
                 }
@@ -202,6 +225,7 @@ void lifecycle() {
 TEST(kv_cache, lifecycle_float) { lifecycle<float>(); }
 TEST(kv_cache, lifecycle_bfloat16) { lifecycle<Eigen::bfloat16>(); }
 TEST(kv_cache, lifecycle_half) { lifecycle<Eigen::half>(); }
+TEST(kv_cache, lifecycle_int8) { lifecycle<std::int8_t>(); }
 
 template <class T>
 void rope_on_append() {
@@ -222,6 +246,28 @@ void rope_on_append() {
 TEST(kv_cache, rope_on_append_float) { rope_on_append<float>(); }
 TEST(kv_cache, rope_on_append_bfloat16) { rope_on_append<Eigen::bfloat16>(); }
 TEST(kv_cache, rope_on_append_half) { rope_on_append<Eigen::half>(); }
+TEST(kv_cache, rope_on_append_int8) { rope_on_append<std::int8_t>(); }
+
+// An int8 cache cannot hold Inf or NaN: such a row is refused, the cache unchanged.
+TEST(kv_cache_errors, int8_refuses_rows_that_are_not_finite) {
+    kv_cache<std::int8_t> cache(small_config(4));
+    dense_model<std::int8_t> m;
+    const index_t a = cache.add_sequence();
+    kv_step st = cache.begin_step({a}, {3});
+    append_step(cache, m, st, 7);
+    for (int which = 0; which < 2; ++which) {
+        packed<float> kn(3, kHk, kD), vn(3, kHk, kDv);
+        fill_random(kn.data(), static_cast<std::size_t>(kn.size()), distribution::uniform, 8);
+        fill_random(vn.data(), static_cast<std::size_t>(vn.size()), distribution::uniform, 9);
+        if (which)
+            vn(2, 1, 5) = std::numeric_limits<float>::quiet_NaN();
+        else
+            kn(1, 0, 3) = std::numeric_limits<float>::infinity();
+        expect_invalid([&] { cache.append(0, st, kn, vn); },
+                       {which ? "v_new: row (2, 1)" : "k_new: row (1, 0)", "not finite"});
+        EXPECT_TRUE(same_contents(cache, m));
+    }
+}
 
 TEST(kv_cache_errors, leave_the_cache_unchanged) {
     kv_cache<float> cache(small_config(4));

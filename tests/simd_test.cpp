@@ -899,6 +899,36 @@ void expect_exact_loads() {
 TYPED_TEST(Simd, Bfloat16LoadsAreExactForEveryPattern) { expect_exact_loads<TypeParam, Eigen::bfloat16>(); }
 TYPED_TEST(Simd, HalfLoadsAreExactForEveryPattern) { expect_exact_loads<TypeParam, Eigen::half>(); }
 
+// int8 (attnkit/int8_kv.hpp): every value, -128 included, through every lane, as full, partial
+// and row loads; the sign extension is what a wrong widening gets wrong first.
+TYPED_TEST(Simd, Int8LoadsAreExactForEveryValue) {
+    using A = TypeParam;
+    constexpr index_t W = simd::kLanes<A>;
+    std::vector<std::int8_t> src(256 + 64);
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::int8_t>(static_cast<std::uint8_t>(i));
+    auto want = [&](std::size_t i) { return static_cast<float>(static_cast<std::int8_t>(static_cast<std::uint8_t>(i))); };
+    for (std::size_t i = 0; i + static_cast<std::size_t>(W) <= src.size(); ++i) {
+        float out[64];
+        simd::storeu(out, simd::load_float<A>(src.data() + i));
+        for (index_t u = 0; u < W; ++u) ASSERT_EQ(out[u], want(i + static_cast<std::size_t>(u))) << "offset " << i;
+    }
+    std::vector<std::int8_t> guarded(static_cast<std::size_t>(2 * W), std::int8_t(77));
+    for (index_t n = 0; n < W; ++n) {
+        for (index_t u = 0; u < n; ++u) guarded[static_cast<std::size_t>(u)] = static_cast<std::int8_t>(-128 + 37 * u);
+        float out[64];
+        simd::storeu(out, simd::load_float_partial<A>(guarded.data(), n));
+        for (index_t u = 0; u < n; ++u) ASSERT_EQ(out[u], static_cast<float>(guarded[static_cast<std::size_t>(u)]));
+        for (index_t u = n; u < W; ++u) ASSERT_EQ(out[u], 0.0f) << "lane " << u << " of a partial load of " << n;
+    }
+    for (index_t n : {index_t(1), W - 1, W, W + 1, 3 * W + 2, index_t(13), index_t(255)}) {
+        if (n <= 0) continue;
+        std::vector<float> dst(static_cast<std::size_t>(n) + 1, kGuard);
+        simd::convert_row<A>(src.data() + 1, dst.data(), n);
+        for (index_t i = 0; i < n; ++i) ASSERT_EQ(dst[static_cast<std::size_t>(i)], want(static_cast<std::size_t>(i) + 1));
+        ASSERT_EQ(dst[static_cast<std::size_t>(n)], kGuard) << "convert_row wrote past n = " << n;
+    }
+}
+
 // load_bf16_pairs: lane i of even is element 2i, of odd element 2i + 1, exactly, for every pattern.
 TYPED_TEST(Simd, Bfloat16PairLoadsSplitEvenAndOddElements) {
     using A = TypeParam;

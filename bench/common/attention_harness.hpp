@@ -60,6 +60,7 @@
 #include <benchmark/benchmark.h>
 #include "attnkit/eigen.hpp"  // Eigen, with GCC 12's false AVX-512 warnings silenced
 
+#include "attnkit/int8_kv.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "flops.hpp"
@@ -73,20 +74,28 @@ using tensor4 = Eigen::Tensor<float, 4, Eigen::RowMajor>;
 using attention_fn = std::function<void(const tensor4& q, const tensor4& k, const tensor4& v,
                                         tensor4& out, const attnkit::softmax_options& opts)>;
 
-// K/V storage of a case: float, or 16-bit (q, out and lse stay float). A family runs the 16-bit
-// cases only when it was added with add_typed_family (its callable takes every storage).
-enum class kv_storage { f32, bf16, f16 };
+// K/V storage of a case: float, 16-bit, or int8 with a float scale per row (attnkit::int8_kv);
+// q, out and lse stay float. A family runs the 16-bit cases only when it was added with
+// add_typed_family (its callable takes every storage), the int8 ones when also asked for.
+enum class kv_storage { f32, bf16, f16, i8 };
+using tensor4_i8 = Eigen::Tensor<std::int8_t, 4, Eigen::RowMajor>;
+using tensor3 = Eigen::Tensor<float, 3, Eigen::RowMajor>;
 using tensor4_bf16 = Eigen::Tensor<Eigen::bfloat16, 4, Eigen::RowMajor>;
 using tensor4_f16 = Eigen::Tensor<Eigen::half, 4, Eigen::RowMajor>;
 using attention_fn_bf16 = std::function<void(const tensor4& q, const tensor4_bf16& k, const tensor4_bf16& v,
                                              tensor4& out, const attnkit::softmax_options& opts)>;
 using attention_fn_f16 = std::function<void(const tensor4& q, const tensor4_f16& k, const tensor4_f16& v,
                                             tensor4& out, const attnkit::softmax_options& opts)>;
+using attention_fn_i8 = std::function<void(const tensor4& q, const attnkit::int8_kv& k, const attnkit::int8_kv& v,
+                                           tensor4& out, const attnkit::softmax_options& opts)>;
 
 inline const char* storage_name(kv_storage st) {
-    return st == kv_storage::bf16 ? "bf16" : st == kv_storage::f16 ? "f16" : "f32";
+    return st == kv_storage::bf16 ? "bf16" : st == kv_storage::f16 ? "f16" : st == kv_storage::i8 ? "i8" : "f32";
 }
-inline std::size_t storage_bytes(kv_storage st) { return st == kv_storage::f32 ? 4 : 2; }
+// Bytes per element of K and V (int8: the values; kv_stream_bytes adds the scales).
+inline std::size_t storage_bytes(kv_storage st) {
+    return st == kv_storage::f32 ? 4 : st == kv_storage::i8 ? 1 : 2;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Cases.
@@ -169,10 +178,16 @@ struct family {
     family_options options;
     attention_fn_bf16 fn_bf16;  // empty: the family skips bf16 cases
     attention_fn_f16 fn_f16;    // empty: the family skips f16 cases
+    attention_fn_i8 fn_i8;      // empty: the family skips int8 cases
 
     bool runs(kv_storage st) const {
-        return st == kv_storage::f32 ? static_cast<bool>(fn)
-                                     : st == kv_storage::bf16 ? static_cast<bool>(fn_bf16) : static_cast<bool>(fn_f16);
+        switch (st) {
+            case kv_storage::f32: return static_cast<bool>(fn);
+            case kv_storage::bf16: return static_cast<bool>(fn_bf16);
+            case kv_storage::f16: return static_cast<bool>(fn_f16);
+            case kv_storage::i8: return static_cast<bool>(fn_i8);
+        }
+        return false;
     }
 };
 
@@ -182,14 +197,17 @@ inline std::vector<family>& families() {
 }
 
 inline void add_family(std::string name, attention_fn fn, family_options options = {}) {
-    families().push_back(family{std::move(name), std::move(fn), std::move(options), {}, {}});
+    families().push_back(family{std::move(name), std::move(fn), std::move(options), {}, {}, {}});
 }
 
-// A family that also takes bfloat16 / half K/V: f is a generic callable (auto& arguments).
-template <class F>
+// A family that also takes bfloat16 / half K/V: f is a generic callable (auto& arguments);
+// kInt8: also attnkit::int8_kv K/V.
+template <bool kInt8 = false, class F>
 void add_typed_family(std::string name, F f, family_options options = {}) {
+    attention_fn_i8 fi8;
+    if constexpr (kInt8) fi8 = attention_fn_i8(f);
     families().push_back(family{std::move(name), attention_fn(f), std::move(options), attention_fn_bf16(f),
-                                attention_fn_f16(f)});
+                                attention_fn_f16(f), std::move(fi8)});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -256,8 +274,15 @@ struct attn_inputs {
     // values in float (for the output check), one copy.
     std::vector<tensor4_bf16> kb, vb;
     std::vector<tensor4_f16> kh, vh;
+    // int8 cases: values and scales of each copy (attnkit::quantize_kv); k and v above hold the
+    // dequantised values in float (for the output check), one copy.
+    std::vector<tensor4_i8> ki, vi;
+    std::vector<tensor3> ks, vs;
     std::size_t copies() const {
-        return kv == kv_storage::bf16 ? kb.size() : kv == kv_storage::f16 ? kh.size() : k.size();
+        return kv == kv_storage::bf16 ? kb.size()
+               : kv == kv_storage::f16 ? kh.size()
+               : kv == kv_storage::i8  ? ki.size()
+                                       : k.size();
     }
 };
 
@@ -316,6 +341,18 @@ inline attn_inputs& inputs_for(const attn_case& c) {
         round_through<Eigen::half>(cur.v[0]);
         cur.kh.assign(static_cast<std::size_t>(copies), stored_as<Eigen::half>(cur.k[0]));
         cur.vh.assign(static_cast<std::size_t>(copies), stored_as<Eigen::half>(cur.v[0]));
+    } else if (c.kv == kv_storage::i8) {
+        auto quantise = [&](tensor4& x, std::vector<tensor4_i8>& values, std::vector<tensor3>& scales) {
+            tensor4_i8 q(x.dimensions());
+            tensor3 s(x.dimension(0), x.dimension(1), x.dimension(2));
+            attnkit::quantize_kv(x, q, s);
+            for (std::int64_t i = 0, n = x.size(); i < n; ++i)
+                x.data()[i] = s.data()[i / x.dimension(3)] * static_cast<float>(q.data()[i]);
+            values.assign(static_cast<std::size_t>(copies), q);
+            scales.assign(static_cast<std::size_t>(copies), s);
+        };
+        quantise(cur.k[0], cur.ki, cur.ks);
+        quantise(cur.v[0], cur.vi, cur.vs);
     } else {
         for (int i = 1; i < copies; ++i) {
             cur.k.push_back(cur.k[0]);
@@ -411,6 +448,9 @@ inline void run_attention(benchmark::State& state, const family& f, const attn_c
                 f.fn_bf16(in.q, in.kb[slot], in.vb[slot], in.out, opts);
             else if (c.kv == kv_storage::f16)
                 f.fn_f16(in.q, in.kh[slot], in.vh[slot], in.out, opts);
+            else if (c.kv == kv_storage::i8)
+                f.fn_i8(in.q, attnkit::int8_kv(in.ki[slot], in.ks[slot]), attnkit::int8_kv(in.vi[slot], in.vs[slot]),
+                        in.out, opts);
             else
                 f.fn(in.q, in.k[slot], in.v[slot], in.out, opts);
         } catch (const std::exception& e) {
@@ -433,7 +473,12 @@ inline void run_attention(benchmark::State& state, const family& f, const attn_c
     state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
     state.counters["peak_frac"] = flops * iters / seconds / machine_peak_flops(c.threads);
     if (c.decode) {
-        const double bytes = kv_bytes(c.dims, opts, storage_bytes(c.kv), storage_bytes(c.kv));
+        double bytes = kv_bytes(c.dims, opts, storage_bytes(c.kv), storage_bytes(c.kv));
+        if (c.kv == kv_storage::i8) {  // and one float scale per K row and per V row
+            attn_dims one = c.dims;
+            one.D = one.Dv = 1;
+            bytes += kv_bytes(one, opts, sizeof(float), sizeof(float));
+        }
         state.counters["GB/s"] =
             benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
         state.counters["bw_frac"] = bytes * iters / seconds / dram_read_bandwidth(c.threads);

@@ -16,6 +16,7 @@
 #include "attnkit/view.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/thread_pool.hpp"
+#include "attnkit/int8_kv.hpp"
 #include "attnkit/reference/softmax_attention.hpp"
 #include "attnkit/reference/taylor_attention.hpp"
 #include "attnkit/softmax_attention.hpp"

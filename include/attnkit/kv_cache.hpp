@@ -3,7 +3,7 @@
 //
 //   attnkit::kv_cache_config cfg;
 //   cfg.layers = 32; cfg.heads_kv = 8; cfg.dim = 128; cfg.pages = 4096; cfg.page_rows = 64;
-//   attnkit::kv_cache<Eigen::bfloat16> cache(cfg);     // float, Eigen::bfloat16 or Eigen::half
+//   attnkit::kv_cache<Eigen::bfloat16> cache(cfg);     // float, Eigen::bfloat16, Eigen::half, std::int8_t
 //   const attnkit::index_t a = cache.add_sequence(), b = cache.add_sequence();
 //   // one step of continuous batching: a's prompt chunk of 300 tokens, b's next token
 //   const attnkit::kv_step step = cache.begin_step({a, b}, {300, 1});   // rows of q: 301
@@ -24,8 +24,11 @@
 // one free list, so released and truncated pages serve the next sequence at once.
 //
 // Storage: float, or Eigen::bfloat16 / Eigen::half (rounded to nearest even once, on append;
-// with RoPE, after rotating in float). The kernels read the pages as stored and convert in their
-// loads.
+// with RoPE, after rotating in float), or std::int8_t: each appended row (token, head) quantised
+// as attnkit::quantize_kv does (int8_kv.hpp: values and one float scale, after RoPE), scales in
+// pages of their own beside the values'. The kernels read the pages as stored and convert in
+// their loads. An int8 cache takes float rows only, and refuses a row that is not finite (int8
+// cannot hold it) before writing anything.
 //
 // Errors (std::invalid_argument naming the argument, and the cache left unchanged): a config out
 // of range (page_rows not a multiple of 64, sizes that overflow); an unknown or released
@@ -43,6 +46,7 @@
 
 #include "attnkit/detail/check.hpp"
 #include "attnkit/eigen_core.hpp"
+#include "attnkit/int8_kv.hpp"
 #include "attnkit/model/rope.hpp"
 #include "attnkit/paged_attention.hpp"
 #include "attnkit/simd/convert.hpp"
@@ -75,8 +79,9 @@ struct kv_step {
 
 template <class T = float>
 class kv_cache {
-    static_assert(simd::kIsStorageType<T>,
-                  "attnkit::kv_cache: storage is float, Eigen::bfloat16 or Eigen::half");
+    static constexpr bool kInt8 = std::is_same<T, std::int8_t>::value;
+    static_assert(simd::kIsStorageType<T> || kInt8,
+                  "attnkit::kv_cache: storage is float, Eigen::bfloat16, Eigen::half or std::int8_t");
 
 public:
     explicit kv_cache(const kv_cache_config& cfg) : cfg_(cfg) {
@@ -98,7 +103,7 @@ public:
                           detail::mul_fits(k_elems, cfg_.heads_kv, k_elems) &&
                           detail::mul_fits(k_elems, std::max(cfg_.dim, cfg_.dim_v), v_elems) &&
                           detail::mul_fits(v_elems, 2 * cfg_.layers, all) &&
-                          detail::mul_fits(all, static_cast<index_t>(sizeof(T)), all);
+                          detail::mul_fits(all, static_cast<index_t>(kInt8 ? sizeof(float) : sizeof(T)), all);
         if (!fits)
             fail(
                 "config: pages * page_rows * heads_kv * (dim + dim_v) * layers overflows int64 "
@@ -115,6 +120,11 @@ public:
                                                    T(0.0f));
             v_[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(cfg_.pages * page_v_),
                                                    T(0.0f));
+        }
+        if (kInt8) {
+            const std::size_t n = static_cast<std::size_t>(cfg_.pages * cfg_.page_rows * cfg_.heads_kv);
+            ks_.assign(static_cast<std::size_t>(cfg_.layers), std::vector<float>(n, 0.0f));
+            vs_.assign(static_cast<std::size_t>(cfg_.layers), std::vector<float>(n, 0.0f));
         }
         free_.reserve(static_cast<std::size_t>(cfg_.pages));
         for (index_t pg = cfg_.pages - 1; pg >= 0; --pg)
@@ -263,15 +273,10 @@ public:
                         std::forward<L>(lse), opts);
     }
 
-    // A layer's pages: [pages, page_rows, Hk, D] and [pages, page_rows, Hk, Dv].
-    view<const T, 4> k_pages(index_t layer) const {
-        return view<const T, 4>(k_[layer_index(layer)].data(),
-                                {cfg_.pages, cfg_.page_rows, cfg_.heads_kv, cfg_.dim});
-    }
-    view<const T, 4> v_pages(index_t layer) const {
-        return view<const T, 4>(v_[layer_index(layer)].data(),
-                                {cfg_.pages, cfg_.page_rows, cfg_.heads_kv, cfg_.dim_v});
-    }
+    // A layer's pages: [pages, page_rows, Hk, D] and [pages, page_rows, Hk, Dv]; for int8, an
+    // int8_kv of those values and their scales [pages, page_rows, Hk].
+    auto k_pages(index_t layer) const { return pages_of_layer(k_, ks_, layer, cfg_.dim); }
+    auto v_pages(index_t layer) const { return pages_of_layer(v_, vs_, layer, cfg_.dim_v); }
 
 private:
     struct seq {
@@ -299,6 +304,15 @@ private:
                          detail::number(layer));
         return static_cast<std::size_t>(layer);
     }
+    auto pages_of_layer(const std::vector<std::vector<T>>& x, const std::vector<std::vector<float>>& s,
+                        index_t layer, index_t dim) const {
+        const std::size_t li = layer_index(layer);
+        const view<const T, 4> values(x[li].data(), {cfg_.pages, cfg_.page_rows, cfg_.heads_kv, dim});
+        if constexpr (kInt8)
+            return int8_kv(values, view<const float, 3>(s[li].data(), {cfg_.pages, cfg_.page_rows, cfg_.heads_kv}));
+        else
+            return values;
+    }
     void check_step(const kv_step& step) const {
         if (step.serial != serial_)
             detail::fail(
@@ -311,9 +325,9 @@ private:
     void append_impl(index_t layer, const kv_step& step, const view<const KT, 3>& kn,
                      const view<const VT, 3>& vn, const model::rope_options* rope) {
         static_assert(
-            (std::is_same<KT, float>::value || std::is_same<KT, T>::value) &&
-                (std::is_same<VT, float>::value || std::is_same<VT, T>::value),
-            "attnkit::kv_cache::append: k_new and v_new are float or the cache's storage type");
+            (std::is_same<KT, float>::value || (std::is_same<KT, T>::value && !kInt8)) &&
+                (std::is_same<VT, float>::value || (std::is_same<VT, T>::value && !kInt8)),
+            "attnkit::kv_cache::append: k_new and v_new are float or the cache's 16-bit storage type");
         const std::size_t li = layer_index(layer);
         check_step(step);
         const index_t Tq = step.tokens(), Hk = cfg_.heads_kv;
@@ -334,6 +348,29 @@ private:
             model::rope(view<float, 4>(rotated_.data(), {1, Tq, Hk, cfg_.dim}),
                         step.positions_tensor(), *rope);
         }
+        // Row (t, h) of K as it is to be stored (int8 caches: float rows only).
+        auto k_row_at = [&](index_t t, index_t h) -> const KT* {
+            if constexpr (std::is_same<KT, float>::value)
+                if (rope) return rotated_.data() + (t * Hk + h) * cfg_.dim;
+            return k_src + t * k_row + h * k_head;
+        };
+        // int8: every row's max |x| first, so that a row int8 cannot hold is refused before
+        // anything is written.
+        if constexpr (kInt8) {
+            amax_.resize(static_cast<std::size_t>(2 * Tq * Hk));
+            for (index_t t = 0; t < Tq; ++t)
+                for (index_t h = 0; h < Hk; ++h) {
+                    bool k_ok = true, v_ok = true;
+                    amax_[static_cast<std::size_t>(2 * (t * Hk + h))] =
+                        detail::row_amax<simd::default_arch>(k_row_at(t, h), cfg_.dim, k_ok);
+                    amax_[static_cast<std::size_t>(2 * (t * Hk + h) + 1)] =
+                        detail::row_amax<simd::default_arch>(vn.ptr(t, h), cfg_.dim_v, v_ok);
+                    if (!k_ok || !v_ok)
+                        detail::fail(std::string(k_ok ? "v_new" : "k_new") + ": row (" + detail::number(t) + ", " +
+                                     detail::number(h) + ") is not finite" + (rope && !k_ok ? " after RoPE" : "") +
+                                     "; an int8 cache cannot hold it");
+                }
+        }
         T* K = k_[li].data();
         T* V = v_[li].data();
         std::size_t t = 0;
@@ -348,6 +385,15 @@ private:
                     pos % cfg_.page_rows;
                 for (index_t h = 0; h < Hk; ++h) {
                     T* kd = K + (slot * Hk + h) * cfg_.dim;
+                    if constexpr (kInt8) {
+                        const std::size_t at = static_cast<std::size_t>(static_cast<index_t>(t) * Hk + h);
+                        ks_[li][static_cast<std::size_t>(slot * Hk + h)] =
+                            detail::quantize_row(k_row_at(static_cast<index_t>(t), h), cfg_.dim, amax_[2 * at], kd);
+                        vs_[li][static_cast<std::size_t>(slot * Hk + h)] =
+                            detail::quantize_row(vn.ptr(static_cast<index_t>(t), h), cfg_.dim_v, amax_[2 * at + 1],
+                                                 V + (slot * Hk + h) * cfg_.dim_v);
+                        continue;
+                    }
                     if (rope)
                         store_row(rotated_.data() + (static_cast<index_t>(t) * Hk + h) * cfg_.dim,
                                   kd, cfg_.dim);
@@ -363,7 +409,9 @@ private:
 
     template <class S>
     static void store_row(const S* src, T* dst, index_t n) {
-        if constexpr (std::is_same<S, T>::value) {
+        if constexpr (kInt8) {
+            (void)src, (void)dst, (void)n;  // int8 rows are quantised in append_impl
+        } else if constexpr (std::is_same<S, T>::value) {
             std::copy_n(src, n, dst);
         } else {
             using A = simd::default_arch;
@@ -377,6 +425,8 @@ private:
     kv_cache_config cfg_;
     index_t page_k_ = 0, page_v_ = 0;
     std::vector<std::vector<T>> k_, v_;
+    std::vector<std::vector<float>> ks_, vs_;  // int8: the scale of each (page row, head)
+    std::vector<float> amax_;                  // int8: append's per-row max |x|
     std::vector<std::int32_t> free_;  // a stack: the most recently freed page is reused first
     std::vector<seq> seqs_;
     std::vector<float> rotated_;

@@ -10,6 +10,8 @@
 //   attnkit::paged_attention(q, k_pages, v_pages, kv, out, lse, opts);
 //     q [Tq, H, D], k_pages [P, page_rows, Hk, D], v_pages [P, page_rows, Hk, Dv],
 //     out [Tq, H, Dv], lse [Tq, H]
+//   attnkit::paged_attention(q, k8_pages, v8_pages, kv, out[, lse], opts);   int8 pages: int8_kv
+//     views of values [P, page_rows, Hk, D] and scales [P, page_rows, Hk] (int8_kv.hpp)
 //
 // Key j of sequence b is row j % page_rows of page block_table[b * pages_per_seq + j /
 // page_rows]; only the pages that hold keys j < seq_lengths[b] are read (the rest of a table row
@@ -32,6 +34,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attnkit/detail/varlen.hpp"
@@ -93,11 +96,16 @@ void check_paged_kv(const paged_kv& kv, const view<const TK, 4>& kp, const view<
     check_shape("v_pages", vp, {P, rows, kp.dims[2], vp.dims[3]}, "[P, page_rows, Hk, Dv]");
 }
 
+// ks, vs: the scale pages [P, page_rows, Hk] of int8 pages (int8_kv.hpp), else null.
 template <class A, class TQ, class TK, class TV, class TO, class TL>
 void paged_attention_impl(const view<const TQ, 3>& q3, const view<const TK, 4>& kp,
                           const view<const TV, 4>& vp, const paged_kv& kv, const view<TO, 3>& out3,
-                          const view<TL, 2>* lse2, const softmax_options& opts) {
-    constexpr bool kStorage = kIsAttentionStorage<TQ, TK, TV, TO, TL>;
+                          const view<TL, 2>* lse2, const softmax_options& opts,
+                          const view<const float, 3>* ks = nullptr, const view<const float, 3>* vs = nullptr) {
+    constexpr bool kInt8 = std::is_same<TK, std::int8_t>::value && std::is_same<TV, std::int8_t>::value &&
+                           std::is_same<TQ, float>::value && std::is_same<TO, float>::value &&
+                           std::is_same<TL, float>::value;
+    constexpr bool kStorage = kIsAttentionStorage<TQ, TK, TV, TO, TL> || kInt8;
     static_assert(kStorage,
                   "attnkit::paged_attention: the pages must be float, Eigen::bfloat16 or "
                   "Eigen::half of one type, q "
@@ -140,24 +148,51 @@ void paged_attention_impl(const view<const TQ, 3>& q3, const view<const TK, 4>& 
                              rows.has_lse ? region_of("lse", rows.lse) : memory_region{}},
                             {in_place(region_of("q", q), kOutIsQ), region_of("k_pages", kp),
                              region_of("v_pages", vp)});
+        if constexpr (kInt8) {
+            check_outputs_apart({region_of("out", out), rows.has_lse ? region_of("lse", rows.lse) : memory_region{}},
+                                {region_of("k_pages.scales", *ks), region_of("v_pages.scales", *vs)});
+            check_kv_scales("k_pages.scales", *ks, kp.dims[0], kp.dims[1], s.heads_k);
+            check_kv_scales("v_pages.scales", *vs, kp.dims[0], kp.dims[1], s.heads_k);
+        }
 
         std::vector<std::int64_t>& q_start = q_start_lease.get();
         q_start.assign(kv.cu_seqlens_q.begin(), kv.cu_seqlens_q.end() - 1);
-        auto paged = [&](const auto& pages) {
-            strided_rows_t<std::remove_const_t<std::remove_pointer_t<decltype(pages.data)>>> r =
-                rows_of(pages);
+        auto paged = [&](auto r, const auto& pages) {
             r.table = kv.block_table.data();
             r.table_stride = kv.pages_per_seq;
             r.page_rows = pages.dims[1];
             r.page_stride = pages.strides[0];
             return r;
         };
-        packed_forward<A>(q, paged(kp), paged(vp), s, q_start, q_len, kv.seq_lengths, out,
-                          rows.lse_ptr(), opts);
+        strided_rows_t<float> k_scale, v_scale;
+        if (ks) k_scale = paged(scale_rows_of(*ks), *ks);
+        if (vs) v_scale = paged(scale_rows_of(*vs), *vs);
+        packed_forward<A>(q, paged(rows_of(kp), kp), paged(rows_of(vp), vp), s, q_start, q_len, kv.seq_lengths, out,
+                          rows.lse_ptr(), opts, k_scale, v_scale);
     }
 }
 
 }  // namespace detail
+
+// int8 pages (int8_kv.hpp): values [P, page_rows, Hk, D] with scales [P, page_rows, Hk] (and so
+// for V), in the same pages as the values; q, out and lse float.
+template <class Q, class O>
+void paged_attention(const Q& q, const int8_kv& k_pages, const int8_kv& v_pages, const paged_kv& kv, O&& out,
+                     const softmax_options& opts = {}) {
+    detail::paged_attention_impl<simd::default_arch>(
+        detail::input_view<3>("q", q, "[Tq, H, D]"), k_pages.values(), v_pages.values(), kv,
+        detail::output_view<3>("out", std::forward<O>(out), "[Tq, H, Dv]"),
+        static_cast<const view<float, 2>*>(nullptr), opts, &k_pages.scales(), &v_pages.scales());
+}
+template <class Q, class O, class L, std::enable_if_t<detail::kIsLseArg<L, softmax_options>, int> = 0>
+void paged_attention(const Q& q, const int8_kv& k_pages, const int8_kv& v_pages, const paged_kv& kv, O&& out,
+                     L&& lse, const softmax_options& opts = {}) {
+    const auto lse_v = detail::output_view<2>("lse", std::forward<L>(lse), "[Tq, H]");
+    detail::paged_attention_impl<simd::default_arch>(
+        detail::input_view<3>("q", q, "[Tq, H, D]"), k_pages.values(), v_pages.values(), kv,
+        detail::output_view<3>("out", std::forward<O>(out), "[Tq, H, Dv]"), &lse_v, opts, &k_pages.scales(),
+        &v_pages.scales());
+}
 
 template <class Q, class K, class V, class O>
 void paged_attention(const Q& q, const K& k_pages, const V& v_pages, const paged_kv& kv, O&& out,

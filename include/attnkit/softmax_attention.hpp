@@ -2,6 +2,7 @@
 //
 //   attnkit::softmax_attention(q, k, v, out, opts);        q [B,Lq,H,D], k [B,Lk,Hk,D], v [B,Lk,Hk,Dv]
 //   attnkit::softmax_attention(q, k, v, out, lse, opts);   out [B,Lq,H,Dv], lse [B,Lq,H] (natural log)
+//   attnkit::softmax_attention(q, k8, v8, out[, lse], opts); k8, v8: attnkit::int8_kv (int8_kv.hpp)
 //   attnkit::merge_partials(out_a, lse_a, out_b, lse_b, out, lse);
 //
 // Arguments are attnkit::view, row-major Eigen::Tensor or Eigen::TensorMap. All arguments are
@@ -14,6 +15,7 @@
 
 #include "attnkit/detail/attention_driver.hpp"
 #include "attnkit/detail/check.hpp"
+#include "attnkit/int8_kv.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/view.hpp"
 
@@ -65,6 +67,40 @@ void softmax_attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>&
     if constexpr (kStorage) softmax_attention_run<A>(q, k, v, out, lse, opts);
 }
 
+// int8 K/V: the forward of every other storage type, with the scales' rows in the problem.
+template <class A>
+void softmax_attention_int8_run(const view<const float, 4>& q, const int8_kv& k, const int8_kv& v,
+                                const view<float, 4>& out, const view<float, 3>* lse, const softmax_options& opts) {
+    const attention_shape s = check_qkv(q, k.values(), v.values());
+    check_max_keys("k", s.len_k, "keys per call (split longer caches and merge_partials)", "Lk", k.values());
+    check_out("out", out, s);
+    if (lse) check_lse("lse", *lse, s);
+    check_options(opts, s);
+    check_attention_memory(q, k.values(), v.values(), out, lse);
+    check_outputs_apart({region_of("out", out), lse ? region_of("lse", *lse) : memory_region{}},
+                        {region_of("k.scales", k.scales()), region_of("v.scales", v.scales())});
+    check_kv_scales("k.scales", k.scales(), s.batch, s.len_k, s.heads_k);
+    check_kv_scales("v.scales", v.scales(), s.batch, s.len_k, s.heads_k);
+
+    forward_outputs fo;
+    fo.out = out;
+    if (lse) fo.lse = *lse;
+    fo.sinks = opts.sinks.empty() ? nullptr : opts.sinks.data();
+    auto p = make_problem(q, k.values(), v.values(), s, opts);
+    p.k_scale = scale_rows_of(k.scales());
+    p.v_scale = scale_rows_of(v.scales());
+    attention_forward<A>(p, fo, opts.pool);
+}
+
+template <class A, class TQ, class TO, class TL>
+void softmax_attention_int8_impl(const view<const TQ, 4>& q, const int8_kv& k, const int8_kv& v,
+                                 const view<TO, 4>& out, const view<TL, 3>* lse, const softmax_options& opts) {
+    constexpr bool kStorage =
+        std::is_same<TQ, float>::value && std::is_same<TO, float>::value && std::is_same<TL, float>::value;
+    static_assert(kStorage, "attnkit::softmax_attention with int8 K/V: q, out and lse must be float tensors");
+    if constexpr (kStorage) softmax_attention_int8_run<A>(q, k, v, out, lse, opts);
+}
+
 }  // namespace detail
 
 template <class Q, class K, class V, class O>
@@ -80,6 +116,21 @@ void softmax_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse, con
     const auto lse_v = detail::lse_view(lse);
     detail::softmax_attention_impl<simd::default_arch>(detail::q_view(q), detail::k_view(k), detail::v_view(v),
                                                        detail::out_view(out), &lse_v, opts);
+}
+
+// int8 K/V (int8_kv.hpp): values and row scales, dequantised in the kernels' loads.
+template <class Q, class O>
+void softmax_attention(const Q& q, const int8_kv& k, const int8_kv& v, O&& out, const softmax_options& opts = {}) {
+    detail::softmax_attention_int8_impl<simd::default_arch>(detail::q_view(q), k, v, detail::out_view(out),
+                                                            static_cast<const view<float, 3>*>(nullptr), opts);
+}
+
+template <class Q, class O, class L, std::enable_if_t<detail::kIsLseArg<L, softmax_options>, int> = 0>
+void softmax_attention(const Q& q, const int8_kv& k, const int8_kv& v, O&& out, L&& lse,
+                       const softmax_options& opts = {}) {
+    const auto lse_v = detail::lse_view(lse);
+    detail::softmax_attention_int8_impl<simd::default_arch>(detail::q_view(q), k, v, detail::out_view(out), &lse_v,
+                                                            opts);
 }
 
 namespace detail {

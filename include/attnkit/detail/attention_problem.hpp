@@ -4,8 +4,8 @@
 // heads sharing a key/value head run against the same K/V rows (GQA by index, never by copy).
 //
 // The storage element types of K/V and of Q are template parameters: kernels convert to float
-// only where they pack (copy_rows, pack_q_rows in micro_kernels.hpp), so a half or bfloat16
-// cache needs no other change. Every variant's row transform is a policy (row_transform.hpp);
+// only where they pack (copy_rows, pack_q_rows in micro_kernels.hpp) or load (row_kernel.hpp),
+// so a half or bfloat16 cache needs no other change; an int8 cache adds its row scales. Every variant's row transform is a policy (row_transform.hpp);
 // the problem holds what all of them share: shapes, rows, mask, query scale, value sets.
 #pragma once
 
@@ -63,6 +63,11 @@ template <class T>
 strided_rows_t<T> rows_of(const view<const T, 4>& x) {
     return {x.data, x.strides[0], x.strides[1], x.strides[2]};
 }
+// The per-row scales [B, L, Hk] of int8 K or V (attnkit/int8_kv.hpp), addressed as rows of one
+// element: scale_rows_of(s).row(b, l, h) points at the scale of row (b, l, h).
+inline strided_rows_t<float> scale_rows_of(const view<const float, 3>& s) {
+    return {s.data, s.strides[0], s.strides[1], s.strides[2]};
+}
 
 // KVT: storage of K and V; QT: storage of Q.
 template <class KVT = float, class QT = KVT>
@@ -73,6 +78,10 @@ struct basic_attention_problem {
     attention_shape s{};
     strided_rows_t<QT> q;
     strided_rows_t<KVT> k, v;
+    // int8 K/V (simd::kIsScaledStorage<KVT>): row (b, l, h) of k is k_scale.row(b, l, h)[0] times
+    // its int8 values, and so for v. Kernels apply a key's scale to its scores and a value row's
+    // to its weights (one multiply per score, not per element). Unused for other storage.
+    strided_rows_t<float> k_scale, v_scale;
     float q_scale = 1.0f;  // folded into the packed queries (softmax: times log2(e) unless capped)
     score_transform tf;    // softmax only: soft-capping
     bool causal = false;

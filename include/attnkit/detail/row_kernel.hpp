@@ -19,6 +19,9 @@
 //    bytes, the same float arithmetic; with GQA each converted vector serves up to four query
 //    rows of its key/value head (kGroupRows), so a head's K and V are converted once, not once
 //    per query head;
+//  - int8 K/V (attnkit/int8_kv.hpp) are widened in the loads as 16-bit ones are; a key row's
+//    scale multiplies the block's scores of that key once per row, a value row's scale the
+//    weights, so the inner loops never see a scale;
 //  - keys a row does not see are skipped, never weighted by 0, so that a NaN or Inf in their
 //    rows stays out of it (0 * Inf = NaN).
 #pragma once
@@ -306,6 +309,24 @@ ATTNKIT_ALWAYS_INLINE void axpy(float* o, float p, const T* v, index_t dim_v) {
     for (; c < dim_v; ++c) o[c] += p * simd::to_float(v[c]);
 }
 
+// int8 K or V: x[r * BK + j] *= scale of key row j0 + j, for the keys [j0, j0 + nk) that row r
+// sees (lo[r] <= key < hi[r]); the scales of a head are gathered once (contiguous, so the
+// multiplies vectorise) for all its rows. Scores or weights of keys a row does not see are
+// never read, so they are left alone.
+inline void scale_block(const strided_rows_t<float>& scales, const row_block& rb, index_t j0, index_t nk, float* x,
+                 const std::vector<index_t>& lo, const std::vector<index_t>& hi, std::vector<float>& buf) {
+    const index_t RH = rb.rows_per_kv_head();
+    for (index_t h = 0; h < rb.n_hk; ++h) {
+        const float* s = scales.row(rb.b, j0, rb.hk + h);
+        for (index_t j = 0; j < nk; ++j) buf[static_cast<std::size_t>(j)] = s[j * scales.sl];
+        for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
+            const index_t a = std::max(lo[r], j0) - j0, z = std::min(hi[r], j0 + nk) - j0;
+            float* xr = x + r * kRowBlockKeys;
+            for (index_t j = a; j < z; ++j) xr[j] *= buf[static_cast<std::size_t>(j)];
+        }
+    }
+}
+
 // emit(r, o_row, summary) receives each row's output over keys [ks0, ks1), scaled by the
 // policy's emit_scale, with the policy's summary (softmax: normalised, and its lse). buf is
 // reused scratch (any contents; resized and cleared here). Problem is an attention problem whose
@@ -346,6 +367,9 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
     std::vector<Eigen::bfloat16>& qx = qx_lease.get();
     if (kDotBf16<A, KT>) qx.resize(static_cast<std::size_t>(R * 3 * D2));
     auto qx_row = [&](index_t r) { return kDotBf16<A, KT> ? qx.data() + r * 3 * D2 : nullptr; };
+    scratch_lease<> row_scales_lease;  // int8 K/V: one block's scales of a head
+    std::vector<float>& row_scales = row_scales_lease.get();
+    if (simd::kIsScaledStorage<KT> || simd::kIsScaledStorage<VT>) row_scales.resize(static_cast<std::size_t>(BK));
 
     const mask_params mp = p.mask(rb.b);
     index_t min_lo = ks1, max_hi = ks0;
@@ -406,6 +430,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
                 for (index_t r = h * RH; r < (h + 1) * RH; ++r)
                     if (active(r)) sc[r * BK + j] = score_key<A>(qs + r * Dp, qx_row(r), kr, D);
             }
+        if constexpr (simd::kIsScaledStorage<KT>) scale_block(p.k_scale, rb, j0, nk, sc, lo, hi, row_scales);
 
         // The policy per row over the block: weights of the visible keys [a, z), and the factor
         // for the output so far.
@@ -416,6 +441,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
             if (alpha != 1.0f)
                 for (index_t c = 0; c < Dv; ++c) o[r * Dv + c] *= alpha;
         }
+        if constexpr (simd::kIsScaledStorage<VT>) scale_block(p.v_scale, rb, j0, nk, sc, lo, hi, row_scales);
 
         // Values, KU keys at a time (sv apart, as for K), head by head. Keys a row does not see
         // are skipped rather than weighted by 0, so that a NaN or Inf in their value rows

@@ -94,13 +94,18 @@ void tile_kernel(const basic_attention_problem<KVT, QT>& p, const Policy& pol, c
             const index_t j0 = k_lo + bi * BK, j1 = std::min(j0 + BK, k_hi), nk = j1 - j0;
             // K and V rows are read in runs (attention_problem.hpp): one for a strided tensor,
             // one per page of a paged cache.
+            // int8 K/V are dequantised here, into the float tiles: each row times its scale.
             p.k.runs(rb.b, j0, nk, rb.hk, [&](const KVT* src, index_t i, index_t n) {
                 copy_rows(src, p.k.sl, n, D, D, kp + i * D);
+                if constexpr (simd::kIsScaledStorage<KVT>)
+                    scale_rows(p.k_scale.row(rb.b, j0 + i, rb.hk), p.k_scale.sl, n, D, D, kp + i * D);
             });
             for (index_t set = 0; set < n_sets; ++set) {
                 float* vps = vp + set * vp_size;
                 p.v.runs(rb.b, j0, nk, rb.hk, [&](const KVT* src, index_t i, index_t n) {
                     copy_rows(src + set * p.v_set_stride, p.v.sl, n, Dv, dv_pad, vps + i * dv_pad);
+                    if constexpr (simd::kIsScaledStorage<KVT>)
+                        scale_rows(p.v_scale.row(rb.b, j0 + i, rb.hk), p.v_scale.sl, n, Dv, dv_pad, vps + i * dv_pad);
                 });
                 v_finite[static_cast<std::size_t>(set)] = all_finite<A>(vps, nk * dv_pad);
             }

@@ -92,20 +92,24 @@ inline void check_packed_options(const softmax_options& o, const attention_shape
 
 // One forward call over B items of a ragged batch: item b's query rows start at row q_start[b]
 // of q (and of out, lse), it has q_len[b] of them and k_len[b] keys. k and v arrive with their
-// row layout set (packed or paged); s holds the largest lengths.
+// row layout set (packed or paged); s holds the largest lengths. int8 K/V: their row scales
+// in the same layout (attention_problem.hpp).
 template <class A, class KVT, class QT>
 void packed_forward(const view<const QT, 4>& q, const strided_rows_t<KVT>& k,
                     const strided_rows_t<KVT>& v, const attention_shape& s,
                     const std::vector<std::int64_t>& q_start,
                     const std::vector<std::int64_t>& q_len, const std::vector<std::int64_t>& k_len,
                     const view<float, 4>& out, const view<float, 3>* lse,
-                    const softmax_options& opts) {
+                    const softmax_options& opts, const strided_rows_t<float>& k_scale = {},
+                    const strided_rows_t<float>& v_scale = {}) {
     // opts.key_lengths is empty (check_packed_options): the lengths are k_len's.
     const view<const KVT, 4> none;
     basic_attention_problem<KVT, QT> p = make_problem(q, none, none, s, opts);
     p.q.start = q_start.data();
     p.k = k;
     p.v = v;
+    p.k_scale = k_scale;
+    p.v_scale = v_scale;
     p.key_lengths = k_len.data();
     p.query_lengths = q_len.data();
     forward_outputs fo;

@@ -46,6 +46,7 @@
 
 #include "attnkit/config.hpp"
 #include "attnkit/detail/check.hpp"
+#include "attnkit/int8_kv.hpp"
 #include "attnkit/options.hpp"
 #include "attnkit/reference/dense.hpp"
 #include "attnkit/view.hpp"
@@ -164,7 +165,44 @@ using enable_if_lse = std::enable_if_t<attnkit::detail::kIsLseArg<X, softmax_opt
 
 using weights_tensor = Eigen::Tensor<double, 4, Eigen::RowMajor>;
 
+// int8 K or V (attnkit/int8_kv.hpp) dequantised to double: scale * value, exact.
+inline Eigen::Tensor<double, 4, Eigen::RowMajor> dequantised(const char* name, const char* scales_name,
+                                                             const int8_kv& x) {
+    const view<const std::int8_t, 4>& q = x.values();
+    attnkit::detail::check_layout(name, q);
+    attnkit::detail::check_kv_scales(scales_name, x.scales(), q.dims[0], q.dims[1], q.dims[2]);
+    Eigen::Tensor<double, 4, Eigen::RowMajor> d(q.dims[0], q.dims[1], q.dims[2], q.dims[3]);
+    for (index_t b = 0; b < q.dims[0]; ++b)
+        for (index_t l = 0; l < q.dims[1]; ++l)
+            for (index_t h = 0; h < q.dims[2]; ++h) {
+                const double s = static_cast<double>(x.scales()(b, l, h));
+                for (index_t c = 0; c < q.dims[3]; ++c) d(b, l, h, c) = s * static_cast<double>(q(b, l, h, c));
+            }
+    return d;
+}
+
 }  // namespace softmax_impl
+
+// int8 K/V (attnkit::int8_kv): the same oracle on the dequantised values in double, with or
+// without lse.
+template <class Q, class O>
+void softmax_attention(const Q& q, const int8_kv& k, const int8_kv& v, O&& out, const softmax_options& opts = {}) {
+    const auto kd = softmax_impl::dequantised("k", "k.scales", k);
+    const auto vd = softmax_impl::dequantised("v", "v.scales", v);
+    const auto ov = attnkit::detail::out_view(std::forward<O>(out));
+    softmax_impl::run(attnkit::detail::q_view(q), attnkit::detail::k_view(kd), attnkit::detail::v_view(vd), ov,
+                      static_cast<const view<float, 3>*>(nullptr), nullptr, opts);
+}
+template <class Q, class O, class L, softmax_impl::enable_if_lse<L> = 0>
+void softmax_attention(const Q& q, const int8_kv& k, const int8_kv& v, O&& out, L&& lse,
+                       const softmax_options& opts = {}) {
+    const auto kd = softmax_impl::dequantised("k", "k.scales", k);
+    const auto vd = softmax_impl::dequantised("v", "v.scales", v);
+    const auto ov = attnkit::detail::out_view(std::forward<O>(out));
+    const auto lv = attnkit::detail::lse_view(std::forward<L>(lse));
+    softmax_impl::run(attnkit::detail::q_view(q), attnkit::detail::k_view(kd), attnkit::detail::v_view(vd), ov, &lv,
+                      nullptr, opts);
+}
 
 // out = softmax(scale * q k^T [masked]) v. q [B, Lq, H, D], k [B, Lk, Hk, D], v [B, Lk, Hk, Dv],
 // out [B, Lq, H, Dv]; each an attnkit::view, a row-major Eigen::Tensor or a TensorMap, of float

@@ -2,7 +2,7 @@
 // a half-precision K/V cache in place and compute in float: no converted copy of a tensor ever
 // exists, at most a packed tile in a float scratch panel.
 //
-//   simd::load_float<A>(p)            W elements at p (float, bfloat16 or half) as vfloat<A>
+//   simd::load_float<A>(p)            W elements at p (float, bfloat16, half or int8) as vfloat<A>
 //   simd::load_float_partial<A>(p, n) n < W elements, the other lanes 0, nothing read past p + n
 //   simd::to_float(x)                 one element
 //   simd::convert_row<A>(src, dst, n) n elements to float (packing a tile)
@@ -58,6 +58,16 @@ template <class A>
 ATTNKIT_ALWAYS_INLINE vfloat<A> load_float(const Eigen::half* p) noexcept {
     return kernel::load_float<A>(p, A{});
 }
+// int8 values of a scaled row (attnkit/int8_kv.hpp) as float, unscaled: exact.
+template <class A>
+ATTNKIT_ALWAYS_INLINE vfloat<A> load_float(const std::int8_t* p) noexcept {
+    return kernel::load_float<A>(p, A{});
+}
+
+// Element types stored as values times a per-row float scale that kernels apply outside the
+// row (to a whole dot product or a weight), never element by element.
+template <class T>
+constexpr bool kIsScaledStorage = std::is_same<T, std::int8_t>::value;
 
 // 2W bfloat16 at p as two float vectors, even = elements 0, 2, 4, ... and odd = 1, 3, 5, ...: a
 // fixed permutation that costs one shift and one mask per 2W elements (where load_float needs

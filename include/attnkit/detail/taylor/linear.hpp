@@ -26,6 +26,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attnkit/detail/attention_driver.hpp"
 #include "attnkit/detail/attention_problem.hpp"
 #include "attnkit/detail/taylor/features.hpp"
 #include "attnkit/detail/taylor/quadratic.hpp"

@@ -7,6 +7,7 @@
 //                               vcvtph2ps where the target has F16C. Plain AVX has no 256-bit
 //                               integer shifts, so bfloat16 (and half without F16C) is two SSE
 //                               halves (sse.hpp's widen4) joined, still no element loop.
+//   load_float (int8)           AVX2: one vpmovsxbd and vcvtdq2ps; plain AVX: two SSE halves.
 //   load_bf16_pairs             AVX2 only (it needs the 256-bit shift and mask); plain AVX
 //                               uses the generic element loop.
 //   store_float (16-bit)        half by vcvtps2ph where the target has F16C; bfloat16 on AVX2
@@ -18,6 +19,7 @@
 // repeated here rather than inherited.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include "attnkit/config.hpp"
@@ -64,6 +66,18 @@ ATTNKIT_ALWAYS_INLINE __m256 widen8(__m128i x, requires_arch<avx2>) noexcept {
 template <class A, class T>
 ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> load_float(const T* p, requires_arch<avx>) noexcept {
     return xsimd::batch<float, A>(widen8<T>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), A{}));
+}
+
+// Eight int8 (more specialised than the template above, so int8 takes this one).
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> load_float(const std::int8_t* p, requires_arch<avx>) noexcept {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+#if XSIMD_WITH_AVX2
+    return xsimd::batch<float, A>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)));
+#else
+    const __m128 lo = _mm_cvtepi32_ps(widen4_i8(x)), hi = _mm_cvtepi32_ps(widen4_i8(_mm_srli_si128(x, 4)));
+    return xsimd::batch<float, A>(_mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1));
+#endif
 }
 
 #if XSIMD_WITH_AVX2

@@ -12,6 +12,8 @@
 //   store_fence
 //   load_float      sixteen bfloat16 by one zero-extension and a shift, sixteen half by one
 //   (16-bit)        vcvtph2ps, instead of the generic element loop.
+//   load_float      sixteen int8 by one vpmovsxbd and vcvtdq2ps.
+//   (int8)
 //   load_bf16_pairs even / odd elements by one shift and one mask per 32 elements.
 //   dot_bf16x3      vdpbf16ps where the target has AVX-512 BF16 (see simd/convert.hpp).
 //   store_float     sixteen half by one vcvtps2ph; sixteen bfloat16 by integer
@@ -27,6 +29,7 @@
 // repeated here rather than inherited.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include "attnkit/config.hpp"
@@ -98,6 +101,14 @@ ATTNKIT_ALWAYS_INLINE __m512 widen16(__m256i x) noexcept {
 template <class A, class T>
 ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> load_float(const T* p, requires_arch<avx512f>) noexcept {
     return xsimd::batch<float, A>(widen16<T>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+}
+
+// Sixteen int8 (more specialised than the template above, so int8 takes this one).
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> load_float(const std::int8_t* p, requires_arch<avx512f>) noexcept {
+    const __mmask16 all = __mmask16(0xffff);
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return xsimd::batch<float, A>(_mm512_maskz_cvtepi32_ps(all, _mm512_maskz_cvtepi8_epi32(all, x)));
 }
 
 template <class A, class T>

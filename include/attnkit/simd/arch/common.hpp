@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "attnkit/config.hpp"
 #include "attnkit/simd/xsimd_compat.hpp"
@@ -40,9 +41,11 @@ constexpr index_t kLanes = static_cast<index_t>(vfloat<A>::size);
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// One stored element as float (exact for every value of both 16-bit formats); the 16-bit
-// overloads are defined in simd/convert.hpp.
+// One stored element as float (exact for every value of both 16-bit formats and of int8); the
+// 16-bit overloads are defined in simd/convert.hpp. An int8 element is a quantised value whose
+// row scale the kernel applies outside the row (attnkit/int8_kv.hpp).
 ATTNKIT_ALWAYS_INLINE float to_float(float x) noexcept { return x; }
+ATTNKIT_ALWAYS_INLINE float to_float(std::int8_t x) noexcept { return static_cast<float>(x); }
 ATTNKIT_ALWAYS_INLINE float to_float(Eigen::bfloat16 x) noexcept;
 ATTNKIT_ALWAYS_INLINE float to_float(Eigen::half x) noexcept;
 

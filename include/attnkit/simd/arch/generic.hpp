@@ -244,7 +244,7 @@ inline void store_fence(requires_arch<generic>) noexcept {}
 
 // ---- 16-bit storage ----
 
-// Element by element through a small buffer (T is Eigen::bfloat16 or Eigen::half).
+// Element by element through a small buffer (T is Eigen::bfloat16, Eigen::half or std::int8_t).
 template <class A, class T>
 ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> load_float(const T* p, requires_arch<generic>) noexcept {
     constexpr std::size_t W = xsimd::batch<float, A>::size;

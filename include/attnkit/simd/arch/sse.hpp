@@ -7,12 +7,16 @@
 //                               the upper half of a float); four half by vcvtph2ps where the
 //                               target has F16C, else by an exact integer sequence (plain SSE2
 //                               has no half conversion), instead of the generic element loop.
+//   load_float (int8)           four int8 sign-extended by two self-unpacks and an arithmetic
+//                               shift (SSE2 has no pmovsxbd), then cvtdq2ps.
 //   load_bf16_pairs             even / odd elements by one shift and one mask per 8 elements.
 //   swap_pairs                  one shufps.
 //   narrow                      two double vectors to one float vector: two cvtpd2ps, one movlhps.
 // widen4 is also the building block of the AVX (no AVX2) 16-bit loads in avx.hpp.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "attnkit/config.hpp"
@@ -70,6 +74,21 @@ ATTNKIT_ALWAYS_INLINE __m128 widen4(__m128i x) noexcept {
 template <class A, class T>
 ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> load_float(const T* p, requires_arch<sse2>) noexcept {
     return xsimd::batch<float, A>(widen4<T>(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Four int8 in the low 32 bits of x, as int32: each byte unpacked against itself twice fills
+// its lane with four copies, and the arithmetic shift keeps one with its sign.
+ATTNKIT_ALWAYS_INLINE __m128i widen4_i8(__m128i x) noexcept {
+    x = _mm_unpacklo_epi8(x, x);
+    return _mm_srai_epi32(_mm_unpacklo_epi16(x, x), 24);
+}
+
+// (More specialised than the template above, so int8 takes this one.)
+template <class A>
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> load_float(const std::int8_t* p, requires_arch<sse2>) noexcept {
+    std::int32_t w;
+    std::memcpy(&w, p, sizeof(w));
+    return xsimd::batch<float, A>(_mm_cvtepi32_ps(widen4_i8(_mm_cvtsi32_si128(w))));
 }
 
 template <class A, class T>
