@@ -160,17 +160,6 @@ TEST(SimdArch, DefaultArchMatchesCompileFlags) {
 #endif
 }
 
-// vdpbf16ps is used exactly where the target has AVX-512 BF16, at the 16-lane width; never on
-// the scalar path.
-TEST(SimdArch, Bf16DotWhereTheTargetHasIt) {
-    EXPECT_FALSE(simd::kBf16Dot<simd::scalar_arch>);
-#if defined(__AVX512BF16__) && defined(__AVX512F__) && !defined(ATTNKIT_SIMD_SCALAR)
-    EXPECT_TRUE(simd::kBf16Dot<simd::default_arch>);
-#else
-    EXPECT_FALSE(simd::kBf16Dot<simd::default_arch>);
-#endif
-}
-
 TYPED_TEST(Simd, LanesMatchVectorSize) {
     using A = TypeParam;
     EXPECT_EQ(W<A>, static_cast<index_t>(simd::vfloat<A>::size));
@@ -945,50 +934,6 @@ TYPED_TEST(Simd, Bfloat16PairLoadsSplitEvenAndOddElements) {
             const double wo = bf16_bits_to_double(static_cast<std::uint16_t>(i + 2 * static_cast<std::size_t>(l) + 1));
             if (std::isnan(we)) ASSERT_TRUE(std::isnan(ev[l])); else ASSERT_EQ(static_cast<double>(ev[l]), we) << i << " lane " << l;
             if (std::isnan(wo)) ASSERT_TRUE(std::isnan(ov[l])); else ASSERT_EQ(static_cast<double>(ov[l]), wo) << i << " lane " << l;
-        }
-    }
-}
-
-// split_bf16x3: hi + mid + lo gives back q to 2^-24 relative (exactly for q with at most 24
-// significant bits above bfloat16's normal range); dot_bf16x3 (vdpbf16ps where kBf16Dot, the
-// widening fallback elsewhere) then gives <q, k> for bfloat16 k to float rounding, over n
-// around the chunk width 2W, q and k from wide magnitudes and both signs.
-TYPED_TEST(Simd, Bfloat16SplitDotMatchesDoubleDot) {
-    using A = TypeParam;
-    using V = simd::vfloat<A>;
-    constexpr index_t W2 = 2 * simd::kLanes<A>;
-    std::mt19937 gen(11);
-    std::uniform_real_distribution<float> mant(-2.0f, 2.0f);
-    std::uniform_int_distribution<int> ex(-20, 20);
-    for (index_t chunks : {index_t(1), index_t(2), index_t(5)}) {
-        const index_t n = chunks * W2;
-        for (int trial = 0; trial < 50; ++trial) {
-            std::vector<float> q(static_cast<std::size_t>(n));
-            std::vector<Eigen::bfloat16> k(static_cast<std::size_t>(n)), qx(static_cast<std::size_t>(3 * n));
-            for (index_t i = 0; i < n; ++i) {
-                q[static_cast<std::size_t>(i)] = std::ldexp(mant(gen), ex(gen));
-                k[static_cast<std::size_t>(i)] = Eigen::bfloat16(std::ldexp(mant(gen), ex(gen) / 4));
-            }
-            simd::split_bf16x3<A>(q.data(), n, qx.data());
-            for (index_t c = 0; c < chunks; ++c)
-                for (index_t i = 0; i < W2; ++i) {
-                    const double x = q[static_cast<std::size_t>(c * W2 + i)];
-                    double sum = 0;
-                    for (index_t part = 0; part < 3; ++part)
-                        sum += simd::to_float(qx[static_cast<std::size_t>(3 * W2 * c + part * W2 + i)]);
-                    ASSERT_NEAR(sum, x, std::ldexp(std::fabs(x), -24)) << "element " << c * W2 + i;
-                }
-            V acc(0.0f);
-            for (index_t c = 0; c < chunks; ++c) acc = simd::dot_bf16x3<A>(acc, qx.data() + 3 * W2 * c, k.data() + W2 * c);
-            double want = 0, mag = 0;
-            for (index_t i = 0; i < n; ++i) {
-                const double t = static_cast<double>(q[static_cast<std::size_t>(i)]) * simd::to_float(k[static_cast<std::size_t>(i)]);
-                want += t;
-                mag += std::fabs(t);
-            }
-            // 3 * n / W lane additions plus the final reduction, each within eps of |partial sums|.
-            ASSERT_NEAR(simd::hsum(acc), want, (3.0 * static_cast<double>(n) + 64.0) * kEps * mag)
-                << "n = " << n << ", trial " << trial;
         }
     }
 }

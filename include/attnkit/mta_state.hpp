@@ -212,11 +212,11 @@ class mta_state {
             index_t j = j0;
             for (; j + KG <= j1; j += KG)
                 for (index_t h = 0; h < H; ++h)
-                    detail::score_keys<arch, float>(qs_.data() + h * Dp, nullptr, kc + (j * Hk + h / grp) * D, Hk * D, D,
+                    detail::score_keys<arch, float>(qs_.data() + h * Dp, kc + (j * Hk + h / grp) * D, Hk * D, D,
                                                     xr.data() + h * n + j, 1);
             for (; j < j1; ++j)
                 for (index_t h = 0; h < H; ++h)
-                    xr[h * n + j] = detail::score_key<arch, float>(qs_.data() + h * Dp, nullptr, kc + (j * Hk + h / grp) * D, D);
+                    xr[h * n + j] = detail::score_key<arch, float>(qs_.data() + h * Dp, kc + (j * Hk + h / grp) * D, D);
         });
     }
 

@@ -34,7 +34,6 @@ bool cpu_has(const std::string& feature) {
     if (feature == "avx512bw") return __builtin_cpu_supports("avx512bw");
     if (feature == "avx512dq") return __builtin_cpu_supports("avx512dq");
     if (feature == "avx512vl") return __builtin_cpu_supports("avx512vl");
-    if (feature == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
 #endif
     std::fprintf(stderr, "attnkit_cpu_probe: cannot check CPU feature '%s'\n", feature.c_str());
     return false;

@@ -51,13 +51,9 @@ constexpr index_t kRowScoreKeys = 8;
 template <class A, class T>
 constexpr bool kPairOrder = std::is_same<T, Eigen::bfloat16>::value && !std::is_same<A, simd::scalar_arch>::value;
 
-// bfloat16 keys on AVX-512 BF16: scores by vdpbf16ps on the keys as stored (simd::dot_bf16x3),
-// the queries split into bfloat16 parts beside their float rows; the queries then stay in
-// natural order (pair order remains for the values).
-template <class A, class T>
-constexpr bool kDotBf16 = std::is_same<T, Eigen::bfloat16>::value && simd::kBf16Dot<A>;
-template <class A, class T>
-constexpr bool kPairOrderQ = kPairOrder<A, T> && !kDotBf16<A, T>;
+// (vdpbf16ps on the keys as stored, with the float queries split into three bfloat16 parts, is
+// not used: on AVX-512 BF16 it made bfloat16 decode slower than the pair loads, 5-10% for MHA and
+// 25-30% for GQA 32/8, where it also keeps each query row on its own; docs/benchmarks.md.)
 
 // Where element c of an n-element row sits in pair order.
 template <class A>
@@ -69,22 +65,17 @@ inline index_t pair_pos(index_t c, index_t n) {
 }
 
 // out[u * out_stride] = <q, k_u> (k_u = k + u * k_stride) for kRowScoreKeys keys at once:
-// independent accumulators hide FMA latency and one q load feeds them all. qx: q's
-// simd::split_bf16x3 parts when kDotBf16<A, T> (else unused).
+// independent accumulators hide FMA latency and one q load feeds them all.
 template <class A, class T>
-ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const Eigen::bfloat16* qx, const T* k, index_t k_stride,
-                                      index_t dim, float* out, index_t out_stride) {
+ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const T* k, index_t k_stride, index_t dim, float* out,
+                                      index_t out_stride) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     constexpr index_t KG = kRowScoreKeys;
     V acc[KG];
     ATTNKIT_UNROLL for (index_t u = 0; u < KG; ++u) acc[u] = V(0.0f);
     index_t d = 0;
-    if constexpr (kDotBf16<A, T>) {
-        for (; d + 2 * W <= dim; d += 2 * W) {
-            ATTNKIT_UNROLL for (index_t u = 0; u < KG; ++u) acc[u] = simd::dot_bf16x3<A>(acc[u], qx + 3 * d, k + u * k_stride + d);
-        }
-    } else if constexpr (kPairOrder<A, T>) {
+    if constexpr (kPairOrder<A, T>) {
         for (; d + 2 * W <= dim; d += 2 * W) {
             const V qe = simd::loadu<A>(q + d), qo = simd::loadu<A>(q + d + W);
             ATTNKIT_UNROLL for (index_t u = 0; u < KG; ++u) {
@@ -115,14 +106,12 @@ ATTNKIT_ALWAYS_INLINE void score_keys(const float* q, const Eigen::bfloat16* qx,
 }
 
 template <class A, class T>
-ATTNKIT_ALWAYS_INLINE float score_key(const float* q, const Eigen::bfloat16* qx, const T* k, index_t dim) {
+ATTNKIT_ALWAYS_INLINE float score_key(const float* q, const T* k, index_t dim) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     V a(0.0f);
     index_t d = 0;
-    if constexpr (kDotBf16<A, T>) {
-        for (; d + 2 * W <= dim; d += 2 * W) a = simd::dot_bf16x3<A>(a, qx + 3 * d, k + d);
-    } else if constexpr (kPairOrder<A, T>) {
+    if constexpr (kPairOrder<A, T>) {
         for (; d + 2 * W <= dim; d += 2 * W) {
             V e, o;
             simd::load_bf16_pairs<A>(k + d, e, o);
@@ -174,7 +163,6 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, index_t p_s
 // the conversion of a loaded vector to float costs about as much as the FMAs it feeds, so the
 // rows of a head are taken RB at a time against each loaded vector (kGroupRows). Float K/V gain
 // nothing from it: their vectors are used as loaded, and the loads are the same in number.
-// Scores by vdpbf16ps (kDotBf16) convert nothing and stay one row at a time.
 template <class A, class T>
 constexpr bool kGroupRows = !std::is_same<T, float>::value && !std::is_same<A, simd::scalar_arch>::value;
 
@@ -362,11 +350,6 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
     float* sc = o + R * Dv;  // scores, then weights, of the current block: [R][BK]
     float* state = sc + R * BK;  // the policy's row state: kStateArrays arrays of R
     pol.init(state, R);
-    const index_t D2 = D / (2 * W) * (2 * W);  // whole chunks of simd::split_bf16x3
-    scratch_lease<Eigen::bfloat16> qx_lease;
-    std::vector<Eigen::bfloat16>& qx = qx_lease.get();
-    if (kDotBf16<A, KT>) qx.resize(static_cast<std::size_t>(R * 3 * D2));
-    auto qx_row = [&](index_t r) { return kDotBf16<A, KT> ? qx.data() + r * 3 * D2 : nullptr; };
     scratch_lease<> row_scales_lease;  // int8 K/V: one block's scales of a head
     std::vector<float>& row_scales = row_scales_lease.get();
     if (simd::kIsScaledStorage<KT> || simd::kIsScaledStorage<VT>) row_scales.resize(static_cast<std::size_t>(BK));
@@ -376,10 +359,9 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
     for (index_t r = 0; r < R; ++r) {
         const auto* qr = p.q.row(rb.b, rb.pos(r), rb.head(r));
         for (index_t d = 0; d < D; ++d) {
-            const index_t at = kPairOrderQ<A, KT> ? pair_pos<A>(d, D) : d;
+            const index_t at = kPairOrder<A, KT> ? pair_pos<A>(d, D) : d;
             qs[r * Dp + at] = simd::to_float(qr[d]) * p.q_scale;
         }
-        if constexpr (kDotBf16<A, KT>) simd::split_bf16x3<A>(qs + r * Dp, D2, qx.data() + r * 3 * D2);
         row_interval(mp, rb.pos(r), ks0, ks1, lo[r], hi[r]);
         if (lo[r] < hi[r]) {
             min_lo = std::min(min_lo, lo[r]);
@@ -412,7 +394,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
                 const KT* kr = kb + t * ksl + h * ksh;
                 index_t r = h * RH;
                 const index_t r_end = r + RH;
-                if constexpr (kGroupRows<A, KT> && !kDotBf16<A, KT>) {
+                if constexpr (kGroupRows<A, KT>) {
                     for (; r + 4 <= r_end; r += 4)
                         if (any_active(r, 4))
                             score_keys_rows<A, KT, 4>(qs + r * Dp, Dp, kr, sj * ksl, D, sc + r * BK + t, sj, BK);
@@ -421,14 +403,14 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
                             score_keys_rows<A, KT, 2>(qs + r * Dp, Dp, kr, sj * ksl, D, sc + r * BK + t, sj, BK);
                 }
                 for (; r < r_end; ++r)
-                    if (active(r)) score_keys<A>(qs + r * Dp, qx_row(r), kr, sj * ksl, D, sc + r * BK + t, sj);
+                    if (active(r)) score_keys<A>(qs + r * Dp, kr, sj * ksl, D, sc + r * BK + t, sj);
             }
         }
         for (index_t j = sj * KG; j < nk; ++j)
             for (index_t h = 0; h < rb.n_hk; ++h) {
                 const KT* kr = kb + j * ksl + h * ksh;
                 for (index_t r = h * RH; r < (h + 1) * RH; ++r)
-                    if (active(r)) sc[r * BK + j] = score_key<A>(qs + r * Dp, qx_row(r), kr, D);
+                    if (active(r)) sc[r * BK + j] = score_key<A>(qs + r * Dp, kr, D);
             }
         if constexpr (simd::kIsScaledStorage<KT>) scale_block(p.k_scale, rb, j0, nk, sc, lo, hi, row_scales);
 

@@ -7,16 +7,14 @@
 //   simd::to_float(x)                 one element
 //   simd::convert_row<A>(src, dst, n) n elements to float (packing a tile)
 //   simd::store_float<A>(p, v)        W floats stored as T, rounded to nearest even (Eigen's rule)
-//   simd::split_bf16x3 / dot_bf16x3   bfloat16 dot products with vdpbf16ps (AVX-512 BF16)
 //
 // bfloat16 is the upper half of a float: widening is a shift (or an unpack against zero). half
 // needs its exponent rebased: F16C / AVX-512F do it in one instruction; plain SSE2 builds use an
 // integer sequence that handles zeros, subnormals, infinities and NaN exactly. Every conversion
 // is exact (both formats are subsets of float), so kernels see exactly the stored values.
-// This header is a front, as simd.hpp: load_float, load_bf16_pairs and dot_bf16x3 forward to
+// This header is a front, as simd.hpp: load_float, load_bf16_pairs and store_float forward to
 // simd::kernel overloads on the architecture tag in simd/arch/ (one file per ISA family, each
-// saying which instructions it uses and why); split_bf16x3, load_float_partial and convert_row
-// are written on those.
+// saying which instructions it uses and why); load_float_partial and convert_row are written on those.
 #pragma once
 
 #include <cstdint>
@@ -93,43 +91,6 @@ ATTNKIT_ALWAYS_INLINE void store_float(Eigen::bfloat16* p, const vfloat<A>& v) n
 template <class A>
 ATTNKIT_ALWAYS_INLINE void store_float(Eigen::half* p, const vfloat<A>& v) noexcept {
     kernel::store_float(p, v, A{});
-}
-
-// ---- bfloat16 dot products on AVX-512 BF16 (vdpbf16ps) ----
-// vdpbf16ps multiplies bfloat16 pairs and adds both products to a float lane (each product of
-// two bfloat16 is exact in float), so a bfloat16 key needs no widening at all; the query, a
-// float, is split into three bfloat16 parts hi + mid + lo (24 significant bits: q to within
-// 2^-24 relative, except parts below bfloat16's normal range, which the instruction reads as 0)
-// and each part meets the same key register. kBf16Dot<A> says whether the target has it at A's
-// width; elsewhere dot_bf16x3 computes the same sum with widening loads (tests, any arch).
-template <class A>
-constexpr bool kBf16Dot = kernel::has_bf16_dot(A{});
-
-// The operand layout of dot_bf16x3: q[0, n), n a multiple of 2W, as three bfloat16 parts per
-// 2W elements, natural order: dst[6W c + [0, 2W)] = hi, [2W, 4W) = mid, [4W, 6W) = lo of chunk c.
-template <class A>
-inline void split_bf16x3(const float* q, index_t n, Eigen::bfloat16* dst) noexcept {
-    constexpr index_t W2 = 2 * kLanes<A>;
-    for (index_t c = 0; c < n / W2; ++c)
-        for (index_t i = 0; i < W2; ++i) {
-            const float x = q[c * W2 + i];
-            const Eigen::bfloat16 hi(x);  // round to nearest even
-            const float r1 = x - to_float(hi);  // exact: hi holds x's leading bits
-            const Eigen::bfloat16 mid(r1);
-            const Eigen::bfloat16 lo(r1 - to_float(mid));
-            dst[c * 3 * W2 + i] = hi;
-            dst[c * 3 * W2 + W2 + i] = mid;
-            dst[c * 3 * W2 + 2 * W2 + i] = lo;
-        }
-}
-
-// acc + <q, k> over 2W elements, lane i holding the pair (2i, 2i + 1): qx is one chunk of
-// split_bf16x3, k 2W bfloat16 in natural order. Lanes pair elements in their own order, so only
-// the horizontal sum of the result is the dot product.
-template <class A>
-ATTNKIT_ALWAYS_INLINE vfloat<A> dot_bf16x3(const vfloat<A>& acc, const Eigen::bfloat16* qx,
-                                           const Eigen::bfloat16* k) noexcept {
-    return kernel::dot_bf16x3(acc, qx, k, A{});
 }
 
 // n < W elements; the other lanes are 0 and nothing at or past p + n is read.

@@ -15,7 +15,6 @@
 //   load_float      sixteen int8 by one vpmovsxbd and vcvtdq2ps.
 //   (int8)
 //   load_bf16_pairs even / odd elements by one shift and one mask per 32 elements.
-//   dot_bf16x3      vdpbf16ps where the target has AVX-512 BF16 (see simd/convert.hpp).
 //   store_float     sixteen half by one vcvtps2ph; sixteen bfloat16 by integer
 //   (16-bit)        round-to-nearest-even and one vpmovdw (Eigen's rule, NaN to the quiet NaN
 //                   of its sign: vcvtneps2bf16 would flush subnormals).
@@ -120,23 +119,6 @@ ATTNKIT_ALWAYS_INLINE void load_bf16_pairs(const T* p, xsimd::batch<float, A>& e
     odd = B(_mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u)))));
 }
 
-// vdpbf16ps multiplies bfloat16 pairs and adds both products to a float lane (each product of
-// two bfloat16 is exact in float), so the key needs no widening: each of the query's three
-// bfloat16 parts meets the same key register. Only where the target has AVX-512 BF16 (the
-// instructions exist at all); elsewhere generic.hpp's widening form serves.
-#if defined(__AVX512BF16__)
-constexpr bool has_bf16_dot(requires_arch<avx512f>) noexcept { return true; }
-template <class A, class T>
-ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> dot_bf16x3(const xsimd::batch<float, A>& acc, const T* qx, const T* k,
-                                                        requires_arch<avx512f>) noexcept {
-    constexpr index_t W = 16;
-    const __m512bh kv = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(k));
-    __m512 a = acc;
-    for (index_t part = 0; part < 3; ++part)
-        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(static_cast<const void*>(qx + part * 2 * W)), kv);
-    return xsimd::batch<float, A>(a);
-}
-#endif  // __AVX512BF16__
 
 template <class A>
 ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> swap_pairs(const xsimd::batch<float, A>& v, requires_arch<avx512f>) noexcept {

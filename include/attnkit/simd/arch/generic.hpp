@@ -285,20 +285,6 @@ ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> swap_pairs(const xsimd::batch<float
     return xsimd::batch<float, A>::load_aligned(b);
 }
 
-// No bfloat16 dot-product instruction: both operands widened (lane i gets element i and i + W
-// of the chunk, a different pairing from vdpbf16ps, the same sum).
-constexpr bool has_bf16_dot(requires_arch<generic>) noexcept { return false; }
-template <class A, class T>
-ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> dot_bf16x3(const xsimd::batch<float, A>& acc, const T* qx, const T* k,
-                                                        requires_arch<generic>) noexcept {
-    constexpr std::size_t W = xsimd::batch<float, A>::size;
-    xsimd::batch<float, A> a = acc;
-    for (std::size_t part = 0; part < 3; ++part)
-        for (std::size_t h = 0; h < 2; ++h)
-            a = kernel::fma(kernel::load_float<A>(qx + part * 2 * W + h * W, A{}),
-                            kernel::load_float<A>(k + h * W, A{}), a, A{});
-    return a;
-}
 
 }  // namespace kernel
 }  // namespace simd

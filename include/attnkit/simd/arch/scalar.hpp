@@ -106,14 +106,6 @@ template <class T>
 ATTNKIT_ALWAYS_INLINE void store_float(T* p, S v, requires_arch<scalar_arch>) noexcept {
     *p = T(v.v);  // Eigen's conversion: round to nearest even
 }
-constexpr bool has_bf16_dot(requires_arch<scalar_arch>) noexcept { return false; }
-template <class T>
-ATTNKIT_ALWAYS_INLINE S dot_bf16x3(S acc, const T* qx, const T* k, requires_arch<scalar_arch>) noexcept {
-    S a = acc;
-    for (index_t part = 0; part < 3; ++part)
-        for (index_t h = 0; h < 2; ++h) a = fma(S(to_float(qx[part * 2 + h])), S(to_float(k[h])), a, scalar_arch{});
-    return a;
-}
 
 }  // namespace kernel
 }  // namespace simd
