@@ -33,6 +33,7 @@
 
 #include "attnkit/detail/check.hpp"
 #include "attnkit/detail/memory_overlap.hpp"
+#include "attnkit/detail/micro_kernels.hpp"
 #include "attnkit/simd/convert.hpp"
 #include "attnkit/view.hpp"
 
@@ -68,8 +69,25 @@ namespace detail {
 // its own element. Named "k.scales" / "v.scales" in messages.
 inline void check_kv_scales(const char* name, const view<const float, 3>& scales, index_t batch, index_t len,
                             index_t heads_k) {
+    using A = simd::default_arch;
     check_extent(name, scales);
     check_shape(name, scales, {batch, len, heads_k}, "[B, Lk, Hk]");
+    // A decode call reads the scales once here and once in the kernel: the scan must stream
+    // (vectors over a dense tensor, rows of Hk otherwise), not index element by element.
+    const view<const float, 3> dense(scales.data, scales.dims);
+    if (scales.strides == dense.strides || heads_k == 0) {
+        if (all_finite<A>(scales.data, batch * len * heads_k)) return;
+    } else if (scales.strides[2] == 1) {
+        bool ok = true;
+        for (index_t b = 0; b < batch && ok; ++b)
+            for (index_t l = 0; l < len && ok; ++l) ok = all_finite<A>(scales.ptr(b, l, 0), heads_k);
+        if (ok) return;
+    } else if (scales.strides[1] == 1) {  // head-major [B, Hk, L]
+        bool ok = true;
+        for (index_t b = 0; b < batch && ok; ++b)
+            for (index_t h = 0; h < heads_k && ok; ++h) ok = all_finite<A>(scales.ptr(b, 0, h), len);
+        if (ok) return;
+    }
     for (index_t b = 0; b < batch; ++b)
         for (index_t l = 0; l < len; ++l)
             for (index_t h = 0; h < heads_k; ++h) {
