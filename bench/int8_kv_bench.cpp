@@ -184,18 +184,9 @@ void register_all() {
                 ->Iterations(1)
                 ->Unit(benchmark::kMillisecond);
         }
-    benchmark::RegisterBenchmark("int8_scores/row", BM_int8_scores<false>)
-        ->ArgName("Lk")
-        ->Arg(4096)
-        ->Arg(1 << 20)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark("int8_scores/q8_0", BM_int8_scores<true>)
-        ->ArgName("Lk")
-        ->Arg(4096)
-        ->Arg(1 << 20)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
+    for (auto* b : {benchmark::RegisterBenchmark("int8_scores/row", BM_int8_scores<false>),
+                    benchmark::RegisterBenchmark("int8_scores/q8_0", BM_int8_scores<true>)})
+        b->ArgName("Lk")->Arg(4096)->Arg(1 << 20)->UseRealTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark("quantize_kv", BM_quantize_kv)
         ->ArgName("L")
         ->Arg(16384)
