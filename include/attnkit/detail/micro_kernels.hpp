@@ -34,11 +34,7 @@ inline void copy_rows(const SrcT* src, index_t src_stride, index_t n, index_t n_
 // Row j of the dense buffer (n_cols of ld) times scale[j * scale_stride], j < n: the row scales
 // of int8 K/V (attnkit/int8_kv.hpp) applied to a copied tile.
 inline void scale_rows(const float* scale, index_t scale_stride, index_t n, index_t n_cols, index_t ld, float* dst) {
-    for (index_t j = 0; j < n; ++j) {
-        const float s = scale[j * scale_stride];
-        float* row = dst + j * ld;
-        for (index_t c = 0; c < n_cols; ++c) row[c] *= s;
-    }
+    for (index_t j = 0; j < n; ++j) simd::scale_into<simd::default_arch>(dst + j * ld, scale[j * scale_stride], n_cols);
 }
 
 // Packs one query row, scaled, as column `r % RT` of a Q^T panel (d-major, stride RT): the

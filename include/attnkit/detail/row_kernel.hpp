@@ -185,10 +185,10 @@ ATTNKIT_NOINLINE void score_keys_rows(const float* q, index_t q_stride, const T*
     // reduction (simd::hsum_each: W vectors at a time) is full.
     constexpr index_t KS = std::max(KG, W) / RB;
     static_assert(KG % RB == 0 && KG % KS == 0, "passes must tile the step");
-    for (index_t u0 = 0; u0 < KG; u0 += KS) {
+    ATTNKIT_UNROLL for (index_t u0 = 0; u0 < KG; u0 += KS) {
         const T* kp = k + u0 * k_stride;
         V acc[RB * KS];
-        for (index_t i = 0; i < RB * KS; ++i) acc[i] = V(0.0f);
+        ATTNKIT_UNROLL for (index_t i = 0; i < RB * KS; ++i) acc[i] = V(0.0f);
         index_t d = 0;
         if constexpr (kPairOrder<A, T>) {
             for (; d + 2 * W <= dim; d += 2 * W) {
@@ -313,8 +313,7 @@ inline void scale_block(const strided_rows_t<float>& scales, const row_block& rb
         for (index_t j = 0; j < nk; ++j) buf[static_cast<std::size_t>(j)] = s[j * scales.sl];
         for (index_t r = h * RH; r < (h + 1) * RH; ++r) {
             const index_t a = std::max(lo[r], j0) - j0, z = std::min(hi[r], j0 + nk) - j0;
-            float* xr = x + r * kRowBlockKeys;
-            for (index_t j = a; j < z; ++j) xr[j] *= buf[static_cast<std::size_t>(j)];
+            simd::multiply_into<simd::default_arch>(x + r * kRowBlockKeys + a, buf.data() + a, z - a);
         }
     }
 }

@@ -101,6 +101,24 @@ ATTNKIT_ALWAYS_INLINE vfloat<A> load_float_partial(const T* p, index_t n) noexce
     return loadu<A>(buf);
 }
 
+// x[i] *= y[i] and x[i] *= s for i < n, in vectors (GCC 12 at -O2 vectorises neither loop
+// form: the row scales of int8 K/V are applied through these).
+template <class A>
+inline void multiply_into(float* ATTNKIT_RESTRICT x, const float* ATTNKIT_RESTRICT y, index_t n) noexcept {
+    constexpr index_t W = kLanes<A>;
+    index_t i = 0;
+    for (; i + W <= n; i += W) storeu(x + i, loadu<A>(x + i) * loadu<A>(y + i));
+    for (; i < n; ++i) x[i] *= y[i];
+}
+template <class A>
+inline void scale_into(float* x, float s, index_t n) noexcept {
+    constexpr index_t W = kLanes<A>;
+    const vfloat<A> sv(s);
+    index_t i = 0;
+    for (; i + W <= n; i += W) storeu(x + i, loadu<A>(x + i) * sv);
+    for (; i < n; ++i) x[i] *= s;
+}
+
 // dst[0, n) = src[0, n) as float.
 template <class A, class T>
 inline void convert_row(const T* ATTNKIT_RESTRICT src, float* ATTNKIT_RESTRICT dst, index_t n) noexcept {

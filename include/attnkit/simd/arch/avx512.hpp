@@ -74,7 +74,7 @@ ATTNKIT_ALWAYS_INLINE __m512 hsum16(const __m512* v) noexcept {
                          _mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 template <class A>
-inline xsimd::batch<float, A> hsum_each(const xsimd::batch<float, A>* v, requires_arch<avx512f>) noexcept {
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> hsum_each(const xsimd::batch<float, A>* v, requires_arch<avx512f>) noexcept {
     __m512 r[16];
     for (int i = 0; i < 16; ++i) r[i] = v[i];
     return hsum16(r);

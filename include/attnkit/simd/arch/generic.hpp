@@ -80,7 +80,7 @@ inline float hmax(const xsimd::batch<float, A>& v, requires_arch<generic>) noexc
     return m;
 }
 template <class A>
-inline xsimd::batch<float, A> hsum_each(const xsimd::batch<float, A>* v, requires_arch<generic>) noexcept {
+ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> hsum_each(const xsimd::batch<float, A>* v, requires_arch<generic>) noexcept {
     return xsimd::haddp(v);
 }
 

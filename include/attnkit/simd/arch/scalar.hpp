@@ -62,7 +62,7 @@ ATTNKIT_ALWAYS_INLINE S select(bool c, S a, S b, requires_arch<scalar_arch>) noe
 inline float hsum(S v, requires_arch<scalar_arch>) noexcept { return v.v; }
 inline float hmax(S v, requires_arch<scalar_arch>) noexcept { return v.v; }
 // One vector of one lane: its sum is itself.
-inline S hsum_each(const S* v, requires_arch<scalar_arch>) noexcept { return v[0]; }
+ATTNKIT_ALWAYS_INLINE S hsum_each(const S* v, requires_arch<scalar_arch>) noexcept { return v[0]; }
 
 // std::exp2 with the vector rules: (127, 128) would be finite in the C library but is +inf in
 // the polynomial, and subnormal results are 0 there.
