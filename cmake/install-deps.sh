@@ -7,10 +7,13 @@ set -euo pipefail
 # clang: the asan preset (CI's sanitizer run) builds with Clang, whose instrumented builds compile
 # faster than GCC's and run as fast.
 # libopenmpi-dev, openmpi-bin: the optional attnkit::distributed (ring attention over MPI) and its tests.
+# nlohmann-json3-dev: the JSON header of safetensors checkpoints (model/checkpoint.hpp).
+# fortunes: a small English text corpus (/usr/share/games/fortunes) for the character-level task of
+# the training comparison.
 # ninja-build: the presets' generator (it schedules the whole build graph at once, where make
 # builds target by target).
 packages=(cmake g++ clang make ninja-build libeigen3-dev libxsimd-dev libgtest-dev libbenchmark-dev pkg-config
-          python3-matplotlib libopenmpi-dev openmpi-bin)
+          python3-matplotlib libopenmpi-dev openmpi-bin nlohmann-json3-dev fortunes)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
     echo "install-deps: dpkg-query not found (not a Debian-based system); please install" \

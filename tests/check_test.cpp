@@ -6,6 +6,7 @@
 //     ATTNKIT_ENTRY_POINT(fast, attnkit::softmax_attention)
 //     using entry_points = ::testing::Types<reference, fast>;
 #include "attnkit/embedding_qk.hpp"
+#include "attnkit/model/cross_entropy.hpp"
 #include "attnkit/model/rms_norm.hpp"
 #include "attnkit/model/rope.hpp"
 #include "attnkit/mta_attention.hpp"
@@ -18,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <limits>
@@ -542,6 +544,26 @@ TEST(check_test_numbers, float_options_print_in_shortest_form) {
     t.eps = -1e-40f;
     expect_invalid([&] { attnkit::taylor_attention(q, q, q, out, t); }, "opts.eps: expected a finite value >= 0, got -1e-40");
     EXPECT_TRUE(all_equal_to(out, kSentinel));
+}
+
+// The training pieces of the model (rms_norm_backward, rope_backward, cross_entropy): a bad
+// argument is named with its shape, and nothing is written.
+TEST(check_test_model, backward_pieces_reject_bad_shapes) {
+    Eigen::Tensor<float, 2, Eigen::RowMajor> x(3, 4), g(3, 4), dx(3, 4);
+    Eigen::Tensor<float, 1, Eigen::RowMajor> w(4), dw(5);
+    x.setConstant(1.0f), g.setConstant(1.0f), w.setConstant(1.0f);
+    dx.setConstant(kSentinel), dw.setConstant(kSentinel);
+    expect_invalid([&] { attnkit::model::rms_norm_backward(x, w, g, dx, dw); },
+                   "d_weight: expected shape [d] = [4] for x [3, 4], got [5]");
+    EXPECT_TRUE(all_equal_to(dx, kSentinel));
+    tensor4<float> d = make_bshd(1, 3, 2, 4, kSentinel);
+    attnkit::model::rope_options r;
+    r.rotary_dim = 6;
+    expect_invalid([&] { attnkit::model::rope_backward(d, r); }, "opts.rotary_dim");
+    EXPECT_TRUE(all_equal_to(d, kSentinel));
+    expect_invalid([&] { attnkit::model::cross_entropy(x, std::vector<std::int32_t>{0, 4, 1}, dx); },
+                   "targets: expected < V = 4");
+    EXPECT_TRUE(all_equal_to(dx, kSentinel));
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // in Python in Hugging Face's convention (tests/golden/make_rope_golden.py); per-row positions
 // equal per-call offsets and separate calls, bitwise; 16-bit storage equals rotating the
 // float-converted values and rounding; thread counts bitwise; strided views; errors leave x as
-// it was.
+// it was. rope_backward: the oracle against finite differences of the forward oracle, the
+// kernel against the oracle (both layouts, partial rotary, the scalings, positions), the inverse
+// of rope, thread counts and the cache bitwise, and its errors.
 #include "attnkit/model/rope.hpp"
 
 #include <gtest/gtest.h>
@@ -21,7 +23,9 @@
 #include "attnkit/reference/model/rope.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "common/compare.hpp"
+#include "common/finite_differences.hpp"
 #include "common/random.hpp"
+#include "common/sweep.hpp"
 #include "common/tensor.hpp"
 #include "golden/rope_golden.hpp"
 
@@ -707,6 +711,215 @@ TEST(Rope, RejectsSelfOverlappingViewAndPositionOverflow) {
     const attnkit::view<float, 4> xs(reinterpret_cast<float*>(buf.data()), {1, 2, 1, 4});
     const attnkit::view<const std::int64_t, 2> ps(buf.data(), {1, 2});
     EXPECT_THROW(attnkit::model::rope(xs, ps), std::invalid_argument);
+}
+
+// ---- backward ------------------------------------------------------------------------------
+
+// The oracle's gradient against central differences of the forward oracle through the loss
+// <rope(x), r>: both layouts, partial rotary, yarn's attention factor, llama3, a positions
+// tensor.
+TEST(RopeBackward, ReferenceMatchesFiniteDifferences) {
+    struct fd_case {
+        rope_style style;
+        rope_scaling_type scaling;
+        index_t D, R;
+        bool positions;
+    };
+    const fd_case cases[] = {
+        {rope_style::rotate_half, rope_scaling_type::none, 8, 0, false},
+        {rope_style::interleaved, rope_scaling_type::yarn, 10, 0, false},
+        {rope_style::rotate_half, rope_scaling_type::llama3, 12, 6, true},
+        {rope_style::interleaved, rope_scaling_type::linear, 10, 4, true},
+    };
+    for (const fd_case& c : cases) {
+        SCOPED_TRACE(std::string(c.style == rope_style::interleaved ? "interleaved " : "rotate_half ") +
+                     scaling_name(c.scaling) + " D " + std::to_string(c.D));
+        const index_t B = 2, L = 3, H = 2;
+        rope_options o = with_scaling(c.scaling);
+        o.style = c.style;
+        o.rotary_dim = c.R;
+        if (!c.positions) o.position_offset = 5;
+        positions2 pos(B, L);
+        pos.setValues({{3, 70, 9000}, {0, 12, 131000}});
+        tensor4<double> x = random_bshd<double>(B, L, H, c.D, distribution::gaussian, 90 + c.D);
+        const tensor4<double> r = random_bshd<double>(B, L, H, c.D, distribution::gaussian, 91 + c.D);
+        tensor4<double> dx = make_bshd<double>(B, L, H, c.D), out = make_bshd<double>(B, L, H, c.D);
+        if (c.positions)
+            attnkit::reference::model::rope_backward(r, dx, pos, o);
+        else
+            attnkit::reference::model::rope_backward(r, dx, o);
+        const auto loss = [&] {
+            if (c.positions)
+                attnkit::reference::model::rope(x, out, pos, o);
+            else
+                attnkit::reference::model::rope(x, out, o);
+            return projection_loss(out, r);
+        };
+        expect_gradient_matches_fd(x, dx, loss, "d_x");
+    }
+}
+
+struct backward_case {
+    rope_style style;
+    rope_scaling_type scaling;
+    index_t D, R;  // R = 0: all of D
+    bool positions;
+    std::int64_t offset;
+};
+
+void PrintTo(const backward_case& c, std::ostream* os) {
+    *os << (c.style == rope_style::interleaved ? "interleaved" : "rotate_half") << " " << scaling_name(c.scaling)
+        << " D " << c.D << " R " << (c.R ? c.R : c.D);
+    if (c.positions)
+        *os << " positions";
+    else
+        *os << " offset " << c.offset;
+}
+
+// Rotate-half vectorises over R/2 pairs, interleaved over R elements: head dims of 2 x {1, 2, 3,
+// 4, 7, 8, 9, 15, 16, 17, 31, 33, 64} pairs and 100 straddle 4, 8 and 16 lanes in both; the
+// scalings in rotation; the partial rotary part (R = half of D, even) beside each full one; a
+// positions tensor for every other dim.
+std::vector<backward_case> backward_cases() {
+    std::vector<backward_case> cases;
+    const rope_scaling_type scalings[] = {rope_scaling_type::none, rope_scaling_type::yarn,
+                                          rope_scaling_type::llama3, rope_scaling_type::linear};
+    const index_t dims[] = {2, 4, 6, 8, 14, 16, 18, 30, 32, 34, 62, 66, 100, 128};
+    int k = 0;
+    for (rope_style st : {rope_style::rotate_half, rope_style::interleaved})
+        for (index_t D : dims) {
+            const bool positions = k % 2 == 1;
+            const std::int64_t offset = k % 3 == 0 ? 0 : (k % 3 == 1 ? 4093 : 131000);
+            cases.push_back({st, scalings[k % 4], D, 0, positions, offset});
+            if (D >= 6) cases.push_back({st, scalings[(k + 1) % 4], D, D / 2 - (D / 2) % 2, !positions, offset});
+            ++k;
+        }
+    return cases;
+}
+
+class RopeBackwardSweep : public ::testing::TestWithParam<backward_case> {};
+
+TEST_P(RopeBackwardSweep, MatchesReference) {
+    const backward_case c = GetParam();
+    const index_t B = 2, L = 3, H = 2;
+    rope_options o = with_scaling(c.scaling);
+    o.style = c.style;
+    o.rotary_dim = c.R;
+    positions2 pos(B, L);
+    pos.setValues({{0, 7, 8191}, {8192, 40000, 131071}});
+    if (!c.positions) o.position_offset = c.offset;
+    tensor4<float> d = random_bshd(B, L, H, c.D, distribution::outliers, 23 + static_cast<std::uint64_t>(c.D));
+    const tensor4<float> before = d;
+    tensor4<double> ref = make_bshd<double>(B, L, H, c.D);
+    if (c.positions) {
+        attnkit::reference::model::rope_backward(d, ref, pos, o);
+        attnkit::model::rope_backward(d, pos, o);
+    } else {
+        attnkit::reference::model::rope_backward(d, ref, o);
+        attnkit::model::rope_backward(d, o);
+    }
+    // As the forward: cos and sin rounded once, two roundings per output, of a pair's norm.
+    const double magnitude = 1.5 * max_abs(before) * attnkit::reference::model::rope_attention_factor(o.scaling);
+    EXPECT_TRUE(all_close(d, ref, tolerance_for(4, magnitude)));
+    const index_t R = c.R ? c.R : c.D;
+    for (index_t i = 0; i < d.size(); ++i)
+        if (i % c.D >= R) {
+            ASSERT_TRUE(same_bits(d.data()[i], before.data()[i])) << i;
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, RopeBackwardSweep, ::testing::ValuesIn(backward_cases()), [](const auto& info) {
+    const backward_case& c = info.param;
+    return std::string(c.style == rope_style::interleaved ? "interleaved" : "half") + "_" + scaling_name(c.scaling) +
+           "_D" + std::to_string(c.D) + "_R" + std::to_string(c.R ? c.R : c.D) +
+           (c.positions ? std::string("_pos") : "_off" + std::to_string(c.offset));
+});
+
+// The rotation is orthogonal: the gradient of rope applied to rope(x) gives back af^2 x (x
+// itself without an attention factor), for both layouts, partial rotary and long positions.
+TEST(RopeBackward, InvertsRope) {
+    for (rope_scaling_type t : {rope_scaling_type::none, rope_scaling_type::llama3, rope_scaling_type::yarn})
+        for (rope_style st : {rope_style::rotate_half, rope_style::interleaved}) {
+            SCOPED_TRACE(std::string(scaling_name(t)) + (st == rope_style::interleaved ? " interleaved" : " half"));
+            rope_options o = with_scaling(t);
+            o.style = st;
+            o.rotary_dim = 48;
+            o.position_offset = 100000;
+            const tensor4<float> x = random_bshd(2, 5, 3, 64, distribution::gaussian, 77);
+            tensor4<float> y = x;
+            attnkit::model::rope(y, o);
+            attnkit::model::rope_backward(y, o);
+            const double af = attnkit::reference::model::rope_attention_factor(o.scaling);
+            tensor4<double> want = make_bshd<double>(2, 5, 3, 64);
+            for (index_t i = 0; i < x.size(); ++i)
+                want.data()[i] = (i % 64 < 48 ? af * af : 1.0) * static_cast<double>(x.data()[i]);
+            EXPECT_TRUE(all_close(y, want, tolerance_for(8, 1.5 * af * af * max_abs(x))));
+        }
+}
+
+TEST(RopeBackward, ThreadCountsAndCacheGiveTheSameBits) {
+    const index_t B = 3, L = 37, H = 5, D = 96;
+    attnkit::thread_pool p2(2), p3(3);
+    attnkit::model::rope_cache cache;
+    for (rope_style st : {rope_style::rotate_half, rope_style::interleaved})
+        for (bool per_row : {false, true}) {
+            rope_options o = with_scaling(rope_scaling_type::yarn);
+            o.style = st;
+            o.rotary_dim = 64;
+            if (!per_row) o.position_offset = 500;
+            positions2 pos(B, L);
+            for (index_t b = 0; b < B; ++b)
+                for (index_t l = 0; l < L; ++l) pos(b, l) = 100 * b + 3 * l;
+            const tensor4<float> d0 = random_bshd(B, L, H, D, distribution::gaussian, 19);
+            tensor4<float> results[4] = {d0, d0, d0, d0};
+            attnkit::thread_pool* pools[4] = {nullptr, &p2, &p3, &p2};
+            for (int t = 0; t < 4; ++t) {
+                rope_options ot = o;
+                ot.pool = pools[t];
+                if (t == 3) {  // the forward's cached table serves the backward
+                    ot.cache = &cache;
+                    tensor4<float> fwd = d0;
+                    if (per_row)
+                        attnkit::model::rope(fwd, pos, ot);
+                    else
+                        attnkit::model::rope(fwd, ot);
+                }
+                if (per_row)
+                    attnkit::model::rope_backward(results[t], pos, ot);
+                else
+                    attnkit::model::rope_backward(results[t], ot);
+            }
+            EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+            EXPECT_TRUE(bitwise_equal(results[0], results[2]));
+            EXPECT_TRUE(bitwise_equal(results[0], results[3]));
+        }
+    EXPECT_EQ(cache.hits(), 4u);
+    EXPECT_EQ(cache.misses(), 4u);
+}
+
+// Errors as the forward's, naming d_x; nothing written.
+TEST(RopeBackward, RejectsBadArguments) {
+    tensor4<float> odd = make_bshd<float>(1, 2, 1, 5, 1.0f);
+    expect_rejected([&] { attnkit::model::rope_backward(odd); }, "d_x: the head dim must be even");
+    tensor4<float> x = make_bshd<float>(2, 3, 2, 8, 1.0f);
+    rope_options o;
+    o.rotary_dim = 10;
+    expect_rejected([&] { attnkit::model::rope_backward(x, o); }, "got rotary dim 10 for d_x [2, 3, 2, 8]");
+    o = rope_options{};
+    o.theta = 0.5f;
+    expect_rejected([&] { attnkit::model::rope_backward(x, o); }, "opts.theta");
+    positions2 wrong(2, 2);
+    wrong.setConstant(1);
+    expect_rejected([&] { attnkit::model::rope_backward(x, wrong); },
+                    "positions: expected shape [B, L] = [2, 3] for d_x [2, 3, 2, 8], got [2, 2]");
+    positions2 negative(2, 3);
+    negative.setConstant(1);
+    negative(0, 1) = -3;
+    expect_rejected([&] { attnkit::model::rope_backward(x, negative); }, "positions: expected >= 0, got -3 at [0, 1]");
+    const attnkit::view<float, 4> repeated(x.data(), {1, 1, 3, 8}, {8, 8, 0, 1});
+    expect_rejected([&] { attnkit::model::rope_backward(repeated); }, "d_x: strides");
+    EXPECT_TRUE(all_equal_to(x, 1.0f));
+    EXPECT_TRUE(all_equal_to(odd, 1.0f));
 }
 
 }  // namespace

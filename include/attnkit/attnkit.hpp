@@ -50,8 +50,10 @@
 #include "attnkit/reference/varlen_attention.hpp"
 #include "attnkit/reference/model/rms_norm.hpp"
 #include "attnkit/reference/model/rope.hpp"
+#include "attnkit/reference/model/cross_entropy.hpp"
 #include "attnkit/model/rms_norm.hpp"
 #include "attnkit/model/rope.hpp"
+#include "attnkit/model/cross_entropy.hpp"
 #include "attnkit/kv_cache.hpp"
 #include "attnkit/distributed_options.hpp"  // distributed.hpp itself needs MPI: include it yourself
 #include "attnkit/model/hybrid_schedule.hpp"

@@ -6,9 +6,13 @@
 //   attnkit::model::decoder model(cfg);            // weights from cfg.seed
 //   std::vector<float> logits = model.prefill(prompt);
 //   logits = model.decode_step(next_token);        // per-layer KV cache or variant state
+//   attnkit::model::tensor2 all = model.prefill_logits(prompt);   // [L, vocab]
+//   attnkit::model::save_decoder(model, "dir");    // Hugging Face files (model/checkpoint.hpp)
+//   attnkit::model::decoder loaded = attnkit::model::load_decoder("dir", &pool);
 //
-// Per layer: x += Wo . attention(RoPE(Wq . n), RoPE(Wk . n), Wv . n), n = RMSNorm(x); then
-// x += SwiGLU(RMSNorm(x)); final RMSNorm and the output projection tied to the embedding.
+// Per layer: x += Wo . attention(RoPE(Wq . n + bq), RoPE(Wk . n + bk), Wv . n + bv),
+// n = RMSNorm(x) (the biases with attention_bias, as Qwen2 has them); then x += SwiGLU(RMSNorm(x));
+// final RMSNorm and the output projection: the embedding (tied) or lm_head.weight.
 // Layer kinds (decoder_config.hpp): standard keeps a KV cache; taylor, self_gating and mta keep
 // their decode states (prefill runs through the state, which equals the full causal call);
 // self-gating's query is SiLU(Wq . n) as in the paper, taken before RoPE (which then leaves its
@@ -17,8 +21,9 @@
 // constructor runs once through the model (every layer as standard attention), keeping a value
 // cache and a static_attention_map for decode; embedding_qk takes Q and K of all its layers from
 // the token embeddings in one projection (embedding_qk.hpp) and keeps a KV cache; mlp replaces
-// the sublayer with a gated MLP of width gated_mlp_width(d). No biases (Qwen2.5 has q/k/v
-// biases; a template that needs them adds three vectors). Batch size 1: a decoding session.
+// the sublayer with a gated MLP of width gated_mlp_width(d). The q/k/v biases are added right
+// after the projections in every path (self-gating: before SiLU; all: before RoPE; the fixed
+// stream too); embedding_qk layers have bv only. Batch size 1: a decoding session.
 //
 // profile() reports the seconds spent in attnkit kernels (attention, norms, RoPE), in GEMMs
 // (projections, MLPs, logits) and elsewhere (embedding lookup, cache copies, residual adds),
@@ -39,10 +44,14 @@
 #include "attnkit/model/rms_norm.hpp"
 #include "attnkit/model/rope.hpp"
 #include "attnkit/model/decoder_config.hpp"
+#include "attnkit/model/decoder_activations.hpp"
+#include "attnkit/model/decoder_gradients.hpp"
 #include "attnkit/model/decoder_layer.hpp"
 
 namespace attnkit {
 namespace model {
+
+class checkpoint_access;  // model/checkpoint.hpp: builds a decoder without drawing its weights
 
 struct decoder_profile {
     double kernels = 0, gemm = 0, other = 0;  // seconds
@@ -58,24 +67,60 @@ class decoder {
         const index_t d = c_.d_model;
         embed_ = tensor2(c_.vocab, d);
         rng.fill(embed_, 0.02f);
-        embed_t_ = tensor2(d, c_.vocab);  // the tied output projection, stored transposed for the GEMM
-        for (index_t t = 0; t < c_.vocab; ++t)
-            for (index_t i = 0; i < d; ++i) embed_t_(i, t) = embed_(t, i);
         final_norm_ = tensor1(d);
         final_norm_.setConstant(1.0f);
-        index_t n_emb = 0;
-        for (index_t l = 0; l < c_.layers; ++l) {
-            const attention_variant kind = standard[static_cast<std::size_t>(l)] ? attention_variant::standard : c_.variant;
-            layers_.push_back(std::make_unique<decoder_layer>(c_, kind, l, rng));
-            if (kind == attention_variant::embedding_qk) layers_.back()->emb_index = n_emb++;
-            kinds_.push_back(kind);
-        }
-        if (n_emb > 0) build_embedding_qk(n_emb);
+        build_layers(standard, &rng);
+        if (emb_layout_.layers > 0) build_embedding_qk();
         if (std::any_of(kinds_.begin(), kinds_.end(), is_static)) run_fixed_stream(rng);
+        // After every other draw (the fixed stream's too): untying the head changes no other
+        // weight of a seed.
+        if (!c_.tie_word_embeddings) {
+            lm_head_ = tensor2(c_.vocab, d);
+            rng.fill(lm_head_, 0.02f);
+        }
+        refresh_head();
         reset();
     }
 
     const decoder_config& config() const { return c_; }
+
+    // Every parameter with its name (model/decoder_layer.hpp, for_each_layer_parameter), in a
+    // fixed order: model.embed_tokens.weight, each layer's, model.norm.weight, then (untied
+    // only) lm_head.weight [vocab, d] (stored as Hugging Face stores it, like the embedding,
+    // not transposed as the projections are). f(name, tensor) gets an Eigen tensor of rank 1,
+    // 2 or 4. After changing values through the non-const walk, call parameters_changed().
+    template <class F>
+    void for_each_parameter(F&& f) {
+        walk_parameters(*this, f);
+    }
+    template <class F>
+    void for_each_parameter(F&& f) const {
+        walk_parameters(*this, f);
+    }
+    // Re-derives what the decoder keeps computed from its parameters: the transposed output
+    // projection, the stacked StaticEmbQK projection, the fixed stream's maps. Starts a new
+    // sequence (the caches hold values of the old weights).
+    void parameters_changed() {
+        refresh_derived();
+        if (std::any_of(kinds_.begin(), kinds_.end(), is_static)) {
+            weight_rng rng(c_.seed);
+            skip_initial_weights(rng);
+            run_fixed_stream(rng);
+        }
+        reset();
+    }
+
+    // Training (model/decoder_training.hpp): tokens and targets [batch, L] row-major, each
+    // sequence from position 0, causal; a target < 0 is ignored. Returns the mean cross-entropy
+    // over the counted targets (the next-token loss when targets are the tokens shifted by
+    // one) and writes (overwrites) g, the gradient of that mean. loss() is the forward alone.
+    // Every layer kind except rnd_emb_qk and fixed_seq_qk trains (std::invalid_argument for those).
+    double loss_and_gradients(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
+                              index_t batch, decoder_gradients& g);
+    double loss(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets, index_t batch);
+    // The logits of every position of a batch [batch * L, vocab] (row b * L + l), each sequence
+    // from position 0; valid until the next call of a training-pass method.
+    const tensor2& batch_logits(const std::vector<std::int32_t>& tokens, index_t batch);
     const std::vector<attention_variant>& layer_kinds() const { return kinds_; }
     index_t length() const { return pos_; }
     const decoder_profile& profile() const { return prof_; }
@@ -90,13 +135,22 @@ class decoder {
     std::vector<float> prefill(const std::vector<std::int32_t>& tokens) {
         check_tokens(tokens, 0);
         reset();
-        return forward(tokens);
+        tensor2 logits = forward(tokens, false);
+        return std::vector<float>(logits.data(), logits.data() + logits.size());
+    }
+    // Starts a new sequence like prefill and returns the logits of every position [L, vocab],
+    // row-major (row t predicts token t + 1); decode_step continues after it.
+    tensor2 prefill_logits(const std::vector<std::int32_t>& tokens) {
+        check_tokens(tokens, 0);
+        reset();
+        return forward(tokens, true);
     }
     // Appends one token: the logits that predict the next.
     std::vector<float> decode_step(std::int32_t token) {
         const std::vector<std::int32_t> t{token};
         check_tokens(t, pos_);
-        return forward(t);
+        tensor2 logits = forward(t, false);
+        return std::vector<float>(logits.data(), logits.data() + logits.size());
     }
 
     // Starts a new sequence like prefill and returns each layer's normalised attention weights
@@ -108,7 +162,7 @@ class decoder {
         std::vector<Eigen::Tensor<double, 3, Eigen::RowMajor>> w(layers_.size());
         capture_ = &w;
         try {
-            forward(tokens);
+            forward(tokens, false);
         } catch (...) {
             capture_ = nullptr;
             throw;
@@ -118,6 +172,39 @@ class decoder {
     }
 
    private:
+    friend class checkpoint_access;
+    struct no_weights {};
+    // Every tensor allocated, none drawn, nothing derived: checkpoint_access fills the
+    // parameters and calls parameters_changed().
+    decoder(const decoder_config& cfg, no_weights) : c_(cfg) {
+        check_decoder_config(c_);
+        build_layers(hybrid_schedule(c_.schedule, c_.layers), nullptr);
+        embed_ = tensor2(c_.vocab, c_.d_model);
+        embed_.setZero();
+        final_norm_ = tensor1(c_.d_model);
+        final_norm_.setConstant(1.0f);
+        if (!c_.tie_word_embeddings) {
+            lm_head_ = tensor2(c_.vocab, c_.d_model);
+            lm_head_.setZero();
+        }
+    }
+
+    void build_layers(const std::vector<bool>& standard, weight_rng* rng) {
+        index_t n_emb = 0;
+        for (index_t l = 0; l < c_.layers; ++l) {
+            const attention_variant kind = standard[static_cast<std::size_t>(l)] ? attention_variant::standard : c_.variant;
+            layers_.push_back(std::make_unique<decoder_layer>(c_, kind, l, rng));
+            if (kind == attention_variant::embedding_qk) layers_.back()->emb_index = n_emb++;
+            kinds_.push_back(kind);
+        }
+        if (n_emb > 0) emb_layout_ = {n_emb, c_.heads, c_.heads_kv, c_.head_dim()};
+    }
+
+    index_t check_batch(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>* targets,
+                        index_t batch) const;
+    double train_pass(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>* targets, index_t batch,
+                      decoder_gradients* g);
+
     static bool is_static(attention_variant k) {
         return k == attention_variant::rnd_emb_qk || k == attention_variant::fixed_seq_qk;
     }
@@ -149,9 +236,48 @@ class decoder {
         });
     }
 
+    template <class Self, class F>
+    static void walk_parameters(Self& self, F& f) {
+        f(std::string("model.embed_tokens.weight"), self.embed_);
+        for (auto& l : self.layers_) for_each_layer_parameter(l->kind, self.c_.attention_bias, l->index, *l, f);
+        f(std::string("model.norm.weight"), self.final_norm_);
+        if (!self.c_.tie_word_embeddings) f(std::string("lm_head.weight"), self.lm_head_);
+    }
+
+    // The output projection [vocab, d]: the embedding when tied.
+    const tensor2& head() const { return c_.tie_word_embeddings ? embed_ : lm_head_; }
+
+    // The copies of parameters kept in the layout a product wants.
+    void refresh_derived() {
+        refresh_head();
+        if (emb_layout_.layers > 0) build_embedding_qk();
+    }
+    void refresh_head() {
+        const index_t d = c_.d_model;
+        const tensor2& w = head();
+        head_t_ = tensor2(d, c_.vocab);  // the output projection, stored transposed for the GEMM
+        for (index_t t = 0; t < c_.vocab; ++t)
+            for (index_t i = 0; i < d; ++i) head_t_(i, t) = w(t, i);
+    }
+
+    // The fixed stream of the static kinds is drawn from the weight generator after the
+    // weights: to draw the same stream again, skip as many values as the constructor drew.
+    void skip_initial_weights(weight_rng& rng) const {
+        const auto ends_with = [](const std::string& name, const std::string& tail) {
+            return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+        };
+        for_each_parameter([&](const std::string& name, const auto& t) {
+            // Norm weights (every name ending in norm.weight) start at 1 and biases at 0, drawing
+            // nothing; lm_head is drawn after the stream; every other tensor draws one value per
+            // element (MTA's identity-plus-noise kernels too).
+            if (ends_with(name, "norm.weight") || ends_with(name, ".bias") || name == "lm_head.weight") return;
+            for (index_t i = 0; i < static_cast<index_t>(t.size()); ++i) rng.normal(1.0f);
+        });
+    }
+
     // StaticEmbQK: every embedding_qk layer's W_Q^l, W_K^l side by side, one projection.
-    void build_embedding_qk(index_t n_emb) {
-        emb_layout_ = {n_emb, c_.heads, c_.heads_kv, c_.head_dim()};
+    void build_embedding_qk() {
+        const index_t n_emb = emb_layout_.layers;
         const index_t w = (c_.heads + c_.heads_kv) * c_.head_dim();
         emb_w_ = tensor2(c_.d_model, n_emb * w);
         for (const auto& l : layers_) {
@@ -189,7 +315,8 @@ class decoder {
               v(T, c.heads_kv * c.head_dim()), att(T, c.heads * c.head_dim()) {}
     };
 
-    std::vector<float> forward(const std::vector<std::int32_t>& tokens) {
+    // The logits of the last position [1, vocab], or of every position [T, vocab] (all).
+    tensor2 forward(const std::vector<std::int32_t>& tokens, bool all) {
         const index_t T = static_cast<index_t>(tokens.size()), d = c_.d_model;
         tensor2 x(T, d);
         timed(prof_.other, [&] {
@@ -207,10 +334,12 @@ class decoder {
         scratch s(c_, T);
         for (auto& l : layers_) layer_forward(*l, x, s, T, pos_, /*stream=*/false);
         pos_ += T;
-        std::vector<float> logits(static_cast<std::size_t>(c_.vocab));
-        tensor2 last(1, d);
-        timed(prof_.kernels, [&] { rms_norm(view<const float, 2>(&x(T - 1, 0), {1, d}), final_norm_, last, c_.norm_eps); });
-        project(last.data(), 1, embed_t_, logits.data());
+        const index_t rows = all ? T : 1;
+        tensor2 logits(rows, c_.vocab), xf(rows, d);
+        timed(prof_.kernels, [&] {
+            rms_norm(view<const float, 2>(&x(T - rows, 0), {rows, d}), final_norm_, xf, c_.norm_eps, c_.pool);
+        });
+        project(xf.data(), rows, head_t_, logits.data());
         return logits;
     }
 
@@ -225,6 +354,7 @@ class decoder {
             const view<float, 4> q(s.q.data(), {1, T, H, D}), k(s.k.data(), {1, T, Hk, D}), v(s.v.data(), {1, T, Hk, D});
             const view<float, 4> att(s.att.data(), {1, T, H, D});
             project(s.h.data(), T, l.wv, s.v.data());
+            if (l.bv.size() > 0) timed(prof_.other, [&] { add_row_bias(s.v.data(), T, l.bv); });
             if (l.kind == attention_variant::embedding_qk && !stream) {
                 timed(prof_.other, [&] {  // copies out of the shared projection (already rotated)
                     const auto eq = embedding_q(emb_qk_, emb_layout_, l.emb_index);
@@ -237,6 +367,11 @@ class decoder {
             } else {
                 project(s.h.data(), T, l.wq, s.q.data());
                 project(s.h.data(), T, l.wk, s.k.data());
+                if (l.bq.size() > 0)
+                    timed(prof_.other, [&] {
+                        add_row_bias(s.q.data(), T, l.bq);
+                        add_row_bias(s.k.data(), T, l.bk);
+                    });
                 // The paper's self-gating query is SiLU(H W_Q), before RoPE: RoPE then rotates q_j
                 // and k_j alike and leaves the gate <q_j, k_j> as the paper has it (SiLU after
                 // RoPE would make the gate depend on the position's angle).
@@ -271,15 +406,19 @@ class decoder {
     decoder_config c_;
     std::vector<std::unique_ptr<decoder_layer>> layers_;
     std::vector<attention_variant> kinds_;
-    tensor2 embed_, embed_t_, emb_w_;
+    tensor2 embed_, lm_head_, head_t_, emb_w_;  // lm_head_: untied only; head_t_ = head() transposed
     tensor1 final_norm_;
     tensor3 emb_qk_;
     embedding_qk_layout emb_layout_{};
     index_t pos_ = 0;
     decoder_profile prof_;
     std::vector<Eigen::Tensor<double, 3, Eigen::RowMajor>>* capture_ = nullptr;
+    decoder_activations act_;  // the training pass's saved activations and buffers
     std::unique_ptr<rope_cache> rope_cache_ = std::make_unique<rope_cache>();  // held by pointer: the decoder stays movable
 };
 
 }  // namespace model
 }  // namespace attnkit
+
+#include "attnkit/model/decoder_training.hpp"
+#include "attnkit/model/checkpoint.hpp"

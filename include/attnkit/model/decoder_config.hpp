@@ -71,6 +71,15 @@ struct decoder_config {
     attention_variant variant = attention_variant::standard;
     // FixedSeqQK's fixed text as token ids (< vocab); empty: a seeded random sequence.
     std::vector<std::int32_t> fixed_sequence;
+    // q/k/v projection biases (Qwen2 has them, Llama does not): bq [H D], bk and bv [Hk D],
+    // added right after the projections. They start at 0 and draw nothing from the seed.
+    // embedding_qk layers take Q and K from the shared projection of the embeddings, which has
+    // no bias: those layers have bv only.
+    bool attention_bias = false;
+    // false: a separate output projection lm_head.weight [vocab, d_model] (Hugging Face's layout,
+    // the embedding's), drawn N(0, 0.02) after every other draw of the seed, so that a tied and
+    // an untied model of one seed share every other weight (and the fixed stream).
+    bool tie_word_embeddings = true;
     thread_pool* pool = nullptr;
 
     index_t head_dim() const { return heads > 0 ? d_model / heads : 0; }
@@ -128,14 +137,14 @@ inline void check_decoder_config(const decoder_config& c) {
 // Seeded N(0, sigma) values: splitmix64 bits through Box-Muller, the same on every platform.
 class weight_rng {
    public:
-    explicit weight_rng(std::uint64_t seed) : s_(seed * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL) {}
+    // The seed goes through the generator's finaliser first: the state advances by the same
+    // constant every draw, so seeding it with seed * constant would make seed + 1 the stream of
+    // seed shifted by one draw (consecutive seeds, as a run over seeds or a batch counter uses
+    // them, would give nearly the same weights or data).
+    explicit weight_rng(std::uint64_t seed) : s_(mix(seed + 0x632be59bd9b4e019ULL)) {}
     double uniform() {  // (0, 1)
         s_ += 0x9e3779b97f4a7c15ULL;
-        std::uint64_t z = s_;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        z ^= z >> 31;
-        return (static_cast<double>(z >> 11) + 0.5) / 9007199254740992.0;
+        return (static_cast<double>(mix(s_) >> 11) + 0.5) / 9007199254740992.0;
     }
     float normal(float sigma) {
         const double r = std::sqrt(-2.0 * std::log(uniform())), a = 6.283185307179586 * uniform();
@@ -147,6 +156,11 @@ class weight_rng {
     }
 
    private:
+    static std::uint64_t mix(std::uint64_t z) {  // splitmix64's finaliser
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        return z ^ (z >> 31);
+    }
     std::uint64_t s_;
 };
 

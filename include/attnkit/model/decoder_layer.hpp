@@ -1,11 +1,12 @@
 // One layer of the decoder template (model/decoder.hpp): its weights, its KV cache or variant
 // state, and the attention step of its kind. Weights are N(0, 0.02) from the decoder's seeded
-// generator (norm weights 1; MTA kernels identity plus N(0, 0.01) noise, the initialisation
-// under which MTA starts as standard attention).
+// generator (norm weights 1; q/k/v biases 0; MTA kernels identity plus N(0, 0.01) noise, the
+// initialisation under which MTA starts as standard attention).
 #pragma once
 
 #include <algorithm>
 #include <memory>
+#include <string>
 
 #include "attnkit/eigen.hpp"
 #include "attnkit/embedding_qk.hpp"
@@ -32,6 +33,57 @@ using tensor2 = Eigen::Tensor<float, 2, Eigen::RowMajor>;
 using tensor3 = Eigen::Tensor<float, 3, Eigen::RowMajor>;
 using tensor4 = Eigen::Tensor<float, 4, Eigen::RowMajor>;
 
+// Every trainable tensor of layer l of kind `kind`, in a fixed order, under its Hugging Face
+// Llama / Qwen2 name (model.layers.l.self_attn.q_proj.weight, ...) or, for a variant's own
+// weights, a name beside them (token_mlp.*, self_attn.mta.*). Projections are stored [in, out],
+// the transpose of Hugging Face's [out, in], so that a projection is one row-major GEMM of the
+// activations; checkpoint code (model/checkpoint.hpp) transposes every *_proj.weight. With
+// `bias` (decoder_config::attention_bias) the q/k/v biases follow their weights, as in Qwen2's
+// modules; an embedding_qk layer has no q/k bias (decoder_config.hpp). `p` is a decoder_layer or
+// a layer_gradients: the two share the member names, so one walk names both the weights and
+// their gradients.
+template <class Layer, class F>
+void for_each_layer_parameter(attention_variant kind, bool bias, index_t l, Layer& p, F&& f) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    f(pre + "input_layernorm.weight", p.attn_norm);
+    if (kind == attention_variant::mlp) {
+        f(pre + "token_mlp.gate_proj.weight", p.mg);
+        f(pre + "token_mlp.up_proj.weight", p.mu);
+        f(pre + "token_mlp.down_proj.weight", p.md);
+    } else {
+        const bool qk_bias = bias && kind != attention_variant::embedding_qk;
+        f(pre + "self_attn.q_proj.weight", p.wq);
+        if (qk_bias) f(pre + "self_attn.q_proj.bias", p.bq);
+        f(pre + "self_attn.k_proj.weight", p.wk);
+        if (qk_bias) f(pre + "self_attn.k_proj.bias", p.bk);
+        f(pre + "self_attn.v_proj.weight", p.wv);
+        if (bias) f(pre + "self_attn.v_proj.bias", p.bv);
+        f(pre + "self_attn.o_proj.weight", p.wo);
+    }
+    if (kind == attention_variant::mta) {
+        f(pre + "self_attn.mta.kq_pre", p.kq_pre);
+        f(pre + "self_attn.mta.head_pre", p.head_pre);
+        f(pre + "self_attn.mta.head_post", p.head_post);
+        f(pre + "self_attn.mta.group_norm.weight", p.group_norm);
+        f(pre + "self_attn.mta.gate.weight", p.gate);
+    }
+    f(pre + "post_attention_layernorm.weight", p.ffn_norm);
+    f(pre + "mlp.gate_proj.weight", p.fg);
+    f(pre + "mlp.up_proj.weight", p.fu);
+    f(pre + "mlp.down_proj.weight", p.fd);
+}
+
+// y [rows, b.size()] += b on every row: a projection's bias. Rows are independent and each
+// element one add, so the result is the same whatever splits the rows.
+inline void add_row_bias(float* y, index_t rows, const tensor1& b) {
+    const index_t n = b.size();
+    const float* bb = b.data();
+    for (index_t r = 0; r < rows; ++r) {
+        float* row = y + r * n;
+        for (index_t i = 0; i < n; ++i) row[i] += bb[i];
+    }
+}
+
 struct decoder_layer {
     // MTA's key-query convolution: c_q query taps, c_k key taps (the paper's 6 x 11).
     static constexpr index_t kMtaQueryTaps = 6, kMtaKeyTaps = 11;
@@ -41,6 +93,7 @@ struct decoder_layer {
     index_t emb_index = -1;             // embedding_qk: this layer's slot in the stacked projection
     tensor1 attn_norm, ffn_norm;
     tensor2 wq, wk, wv, wo;             // [d, H*D], [d, Hk*D], [d, Hk*D], [H*D, d]
+    tensor1 bq, bk, bv;                 // attention_bias: [H*D], [Hk*D], [Hk*D] (embedding_qk: bv only)
     tensor2 mg, mu, md;                 // mlp kind: the sublayer's gated MLP
     tensor2 fg, fu, fd;                 // the SwiGLU feed-forward
     tensor4 k_cache, v_cache;           // [1, max_length, Hk, D] (static kinds: values only)
@@ -53,7 +106,9 @@ struct decoder_layer {
     std::unique_ptr<self_gating_state> gating;
     std::unique_ptr<mta_state> mta;
 
-    decoder_layer(const decoder_config& c, attention_variant k, index_t l, weight_rng& rng) : kind(k), index(l) {
+    // rng == nullptr: every tensor allocated and zero, nothing drawn (a checkpoint's load
+    // overwrites them all; drawing first would cost as long as reading the file).
+    decoder_layer(const decoder_config& c, attention_variant k, index_t l, weight_rng* rng) : kind(k), index(l) {
         const index_t d = c.d_model, H = c.heads, Hk = c.heads_kv, D = c.head_dim(), f = c.ffn_width();
         attn_norm = ones(d);
         ffn_norm = ones(d);
@@ -67,24 +122,38 @@ struct decoder_layer {
             wk = random(rng, d, Hk * D);
             wv = random(rng, d, Hk * D);
             wo = random(rng, H * D, d);
+            if (c.attention_bias) {  // zeros: no draw, so a seed gives the same weights with or without
+                if (kind != attention_variant::embedding_qk) {
+                    bq = zeros(H * D);
+                    bk = zeros(Hk * D);
+                }
+                bv = zeros(Hk * D);
+            }
             k_cache = tensor4(1, c.max_length, Hk, D);
             v_cache = tensor4(1, c.max_length, Hk, D);
         }
         if (kind == attention_variant::mta) {
             kq_pre = tensor4(H, 1, kMtaQueryTaps, kMtaKeyTaps);
-            rng.fill(kq_pre, 0.01f);
             head_pre = tensor2(H, H);
             head_post = tensor2(H, H);
-            rng.fill(head_pre, 0.01f);
-            rng.fill(head_post, 0.01f);
-            for (index_t h = 0; h < H; ++h) {
-                kq_pre(h, 0, kMtaQueryTaps - 1, (kMtaKeyTaps - 1) / 2) += 1.0f;
-                head_pre(h, h) += 1.0f;
-                head_post(h, h) += 1.0f;
+            gate = tensor1(D);
+            if (rng) {
+                rng->fill(kq_pre, 0.01f);
+                rng->fill(head_pre, 0.01f);
+                rng->fill(head_post, 0.01f);
+                for (index_t h = 0; h < H; ++h) {
+                    kq_pre(h, 0, kMtaQueryTaps - 1, (kMtaKeyTaps - 1) / 2) += 1.0f;
+                    head_pre(h, h) += 1.0f;
+                    head_post(h, h) += 1.0f;
+                }
+                rng->fill(gate, 0.02f);
+            } else {
+                kq_pre.setZero();
+                head_pre.setZero();
+                head_post.setZero();
+                gate.setZero();
             }
             group_norm = ones(D);
-            gate = tensor1(D);
-            rng.fill(gate, 0.02f);
         }
         fg = random(rng, d, f);
         fu = random(rng, d, f);
@@ -233,9 +302,17 @@ struct decoder_layer {
         t.setConstant(1.0f);
         return t;
     }
-    static tensor2 random(weight_rng& rng, index_t r, index_t c) {
+    static tensor1 zeros(index_t n) {
+        tensor1 t(n);
+        t.setZero();
+        return t;
+    }
+    static tensor2 random(weight_rng* rng, index_t r, index_t c) {
         tensor2 t(r, c);
-        rng.fill(t, 0.02f);
+        if (rng)
+            rng->fill(t, 0.02f);
+        else
+            t.setZero();
         return t;
     }
 };

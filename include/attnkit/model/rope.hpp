@@ -16,6 +16,7 @@
 //   ro.position_offset = n_cached;                // prefill / decode of one sequence: row l at n_cached + l
 //   attnkit::model::rope(q, ro);  attnkit::model::rope(k, ro);
 //   attnkit::model::rope(k_step, positions, ro);  // ragged batch: positions [B, L] (int64 or int32)
+//   attnkit::model::rope_backward(d_q, ro);       // training: dLoss/dq from dLoss/d(rope(q)), in place
 //
 // Positions: with a positions tensor, row (b, l) sits at positions(b, l) (>= 0), so a batch of
 // sequences at different lengths decodes in one call; without one, at position_offset + l. Each
@@ -184,8 +185,9 @@ auto table_start(V& t) {
 constexpr index_t kRopeSerialElements = index_t(1) << 16;
 constexpr index_t kRopeSerialAngles = index_t(1) << 13;
 
-// x's rows at the positions of table rows: row (b, l) uses table row row_of(b, l).
-template <class T, class RowOf>
+// x's rows at the positions of table rows: row (b, l) uses table row row_of(b, l). kInverse
+// rotates by -angle (rope_backward), from the same table: a cached table serves both directions.
+template <bool kInverse, class T, class RowOf>
 void rope_apply(const view<T, 4>& x, index_t R, const rope_options& o, const std::vector<std::int64_t>& distinct,
                 RowOf&& row_of) {
     namespace rp = attnkit::detail::rope;
@@ -218,9 +220,9 @@ void rope_apply(const view<T, 4>& x, index_t R, const rope_options& o, const std
         const float* row = tab + row_of(b, l) * stride;
         for (index_t h = 0; h < H; ++h) {
             if (interleaved)
-                rp::interleaved_head<A>(x.ptr(b, l, h), row, R);
+                rp::interleaved_head<A, kInverse>(x.ptr(b, l, h), row, R);
             else
-                rp::rotate_half_head<A>(x.ptr(b, l, h), row, R);
+                rp::rotate_half_head<A, kInverse>(x.ptr(b, l, h), row, R);
         }
     });
 }
@@ -234,46 +236,50 @@ auto rope_x_view(X&& x_in) {
     return x;
 }
 
-}  // namespace detail
-
-// Row l of x at position o.position_offset + l.
+// Gradients are float (a 16-bit gradient would round every step of a backward pass).
 template <class X>
-void rope(X&& x_in, const rope_options& o = {}) {
-    const auto x = detail::rope_x_view(std::forward<X>(x_in));
+auto rope_d_x_view(X&& x_in) {
+    auto x = attnkit::detail::output_view<4>("d_x", std::forward<X>(x_in), "[B, L, H, D]");
+    static_assert(std::is_same<typename decltype(x)::value_type, float>::value,
+                  "attnkit::model::rope_backward: d_x must be float");
+    attnkit::detail::check_layout("d_x", x);
+    return x;
+}
+
+// The two forms of a call, for rope (kInverse false) and rope_backward (true); `name` names x in
+// the messages. Row l of x at position o.position_offset + l:
+template <bool kInverse, class T>
+void rope_at_offset(const view<T, 4>& x, const rope_options& o, const char* name) {
     const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2];
-    const index_t R = detail::check_rope_options(o, x);
+    const index_t R = check_rope_options(o, x, name);
     if (L > 0 && o.position_offset > std::numeric_limits<std::int64_t>::max() - L)
         attnkit::detail::fail("opts.position_offset: " + std::to_string(o.position_offset) + " + L = " +
                               std::to_string(L) + " overflows int64");
     // A row reached through several indices (a zero stride) would be rotated several times.
-    attnkit::detail::check_outputs_apart({attnkit::detail::region_of("x", x)}, {});
+    attnkit::detail::check_outputs_apart({attnkit::detail::region_of(name, x)}, {});
     if (B == 0 || L == 0 || H == 0 || R == 0) return;
     std::vector<std::int64_t> distinct(static_cast<std::size_t>(L));
     for (index_t l = 0; l < L; ++l) distinct[static_cast<std::size_t>(l)] = o.position_offset + l;
-    detail::rope_apply(x, R, o, distinct, [](index_t, index_t l) { return l; });
+    rope_apply<kInverse>(x, R, o, distinct, [](index_t, index_t l) { return l; });
 }
 
-// Row (b, l) of x at position positions(b, l): positions [B, L], int64 or int32, >= 0, any
-// strides (a [B] vector of decode positions is a view with dims {B, 1}). o.position_offset must
-// be 0.
-template <class X, class P,
-          std::enable_if_t<attnkit::detail::tensor_traits<std::decay_t<P>>::kIsTensorish, int> = 0>
-void rope(X&& x_in, const P& positions_in, const rope_options& o = {}) {
-    const auto x = detail::rope_x_view(std::forward<X>(x_in));
+// Row (b, l) of x at position positions(b, l).
+template <bool kInverse, class T, class P>
+void rope_at_positions(const view<T, 4>& x, const P& positions_in, const rope_options& o, const char* name) {
     const auto pos = attnkit::detail::input_view<2>("positions", positions_in, "[B, L]");
     using PT = typename decltype(pos)::value_type;
     static_assert(std::is_same<PT, std::int64_t>::value || std::is_same<PT, std::int32_t>::value,
                   "attnkit::model::rope: positions must be int64 or int32");
     const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2];
-    const index_t R = detail::check_rope_options(o, x);
+    const index_t R = check_rope_options(o, x, name);
     if (o.position_offset != 0)
         attnkit::detail::fail("opts.position_offset: expected 0 with a positions tensor (positions give every row's "
                               "position), got " + std::to_string(o.position_offset));
     attnkit::detail::check_extent("positions", pos);
     if (pos.dims[0] != B || pos.dims[1] != L)
         attnkit::detail::fail("positions: expected shape [B, L] = [" + std::to_string(B) + ", " + std::to_string(L) +
-                              "] for x " + shape_string(x) + ", got " + shape_string(pos));
-    attnkit::detail::check_outputs_apart({attnkit::detail::region_of("x", x)},
+                              "] for " + name + " " + shape_string(x) + ", got " + shape_string(pos));
+    attnkit::detail::check_outputs_apart({attnkit::detail::region_of(name, x)},
                                          {attnkit::detail::region_of("positions", pos)});
     std::vector<std::int64_t> all(static_cast<std::size_t>(B * L));
     for (index_t b = 0; b < B; ++b)
@@ -293,8 +299,43 @@ void rope(X&& x_in, const P& positions_in, const rope_options& o = {}) {
     std::vector<index_t> row(all.size());
     for (std::size_t i = 0; i < all.size(); ++i)
         row[i] = std::lower_bound(distinct.begin(), distinct.end(), all[i]) - distinct.begin();
-    detail::rope_apply(x, R, o, distinct,
-                       [&](index_t b, index_t l) { return row[static_cast<std::size_t>(b * L + l)]; });
+    rope_apply<kInverse>(x, R, o, distinct,
+                         [&](index_t b, index_t l) { return row[static_cast<std::size_t>(b * L + l)]; });
+}
+
+}  // namespace detail
+
+// Row l of x at position o.position_offset + l.
+template <class X>
+void rope(X&& x_in, const rope_options& o = {}) {
+    detail::rope_at_offset<false>(detail::rope_x_view(std::forward<X>(x_in)), o, "x");
+}
+
+// Row (b, l) of x at position positions(b, l): positions [B, L], int64 or int32, >= 0, any
+// strides (a [B] vector of decode positions is a view with dims {B, 1}). o.position_offset must
+// be 0.
+template <class X, class P,
+          std::enable_if_t<attnkit::detail::tensor_traits<std::decay_t<P>>::kIsTensorish, int> = 0>
+void rope(X&& x_in, const P& positions_in, const rope_options& o = {}) {
+    detail::rope_at_positions<false>(detail::rope_x_view(std::forward<X>(x_in)), positions_in, o, "x");
+}
+
+// The gradient of rope with respect to its input, in place: given d_x = dLoss/d(rope(x)), leaves
+// dLoss/dx in d_x. Each pair's forward is y = af R(angle) x, so this is af R(-angle) d_x, the
+// transposed rotation (d_x [B, L, H, D] float; the part past the rotary dim passes through). The
+// options, positions and errors are the forward's (x named d_x in messages): call it with the
+// forward's options. The same table (and rope_cache entry) as the forward, the same arithmetic
+// with the sine negated, so the bits are again independent of calls, threads and cache. The
+// oracle: attnkit::reference::model::rope_backward.
+template <class X>
+void rope_backward(X&& d_x, const rope_options& o = {}) {
+    detail::rope_at_offset<true>(detail::rope_d_x_view(std::forward<X>(d_x)), o, "d_x");
+}
+
+template <class X, class P,
+          std::enable_if_t<attnkit::detail::tensor_traits<std::decay_t<P>>::kIsTensorish, int> = 0>
+void rope_backward(X&& d_x, const P& positions, const rope_options& o = {}) {
+    detail::rope_at_positions<true>(detail::rope_d_x_view(std::forward<X>(d_x)), positions, o, "d_x");
 }
 
 }  // namespace model

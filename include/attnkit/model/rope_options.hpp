@@ -85,9 +85,9 @@ using attnkit::detail::fail;
 using attnkit::detail::number;
 
 // The rotary dim R of x's heads (x [B, L, H, D]), after checking every option; throws naming the
-// option and the shape of x otherwise.
+// option and the shape of x otherwise (x named `name`: "d_x" for rope_backward).
 template <class T>
-index_t check_rope_options(const rope_options& o, const view<T, 4>& x) {
+index_t check_rope_options(const rope_options& o, const view<T, 4>& x, const char* name = "x") {
     const index_t D = x.dims[3];
     if (!(o.theta > 1.0f) || !std::isfinite(o.theta))
         fail("opts.theta: expected a finite value > 1, got " + number(o.theta));
@@ -106,10 +106,11 @@ index_t check_rope_options(const rope_options& o, const view<T, 4>& x) {
                          : static_cast<index_t>(std::floor(static_cast<double>(D) * o.partial_rotary_factor));
     if (R > D || (D > 0 && (R % 2 != 0 || R < 2))) {
         const std::string which = o.rotary_dim > 0 ? "opts.rotary_dim" : "opts.partial_rotary_factor";
-        const std::string got = "rotary dim " + number(R) + " for x " + shape_string(x);
+        const std::string got = "rotary dim " + number(R) + " for " + name + " " + shape_string(x);
         if (R > D) fail(which + ": the rotary dim must be <= the head dim D = " + number(D) + ", got " + got);
         if (o.rotary_dim == 0 && o.partial_rotary_factor == 1.0)
-            fail("x: the head dim must be even for RoPE (or set opts.rotary_dim), got " + shape_string(x));
+            fail(std::string(name) + ": the head dim must be even for RoPE (or set opts.rotary_dim), got " +
+                 shape_string(x));
         fail(which + ": the rotary dim must be even and >= 2, got " + got);
     }
 

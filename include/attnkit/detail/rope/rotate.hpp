@@ -12,6 +12,9 @@
 //
 // so that both forms compute each output with the same two roundings (one product, one fma):
 // the interleaved result of x is exactly the rotate-half result of x with its pairs regrouped.
+// With kInverse (model::rope_backward) the sine term changes sign, which rotates by -angle: the
+// transpose of the rotation, from the same table and with the same roundings (a negation is
+// exact), i.e. the forward with every sine of the table negated, bit for bit.
 // An entry is a function of (position, c) and the options alone: the angle p f_c in double,
 // its cos and sin by simd::sincos over the row's R/2 angles (phase reduced in double, float
 // result), times the attention factor, so any grouping of positions into calls, threads or
@@ -76,72 +79,84 @@ inline void build_table(const std::int64_t* positions, index_t n, const std::vec
     });
 }
 
+// -p when kNegate, else p: the sign of a rotation's sine term (0 - p, as the forward has always
+// computed it).
+template <bool kNegate, class V>
+ATTNKIT_ALWAYS_INLINE V negate_if(const V& p) noexcept {
+    if constexpr (kNegate) {
+        return V(0.0f) - p;
+    } else {
+        return p;
+    }
+}
+
 // Rotate-half on x[0, R) of one head: W pairs per step; the last R/2 mod W pairs through the same
 // vector code on a padded copy, so that every element gets the same arithmetic wherever it falls
 // (the vector fma is two roundings on targets without FMA, std::fma would be one).
-template <class A, class T>
+template <class A, bool kInverse = false, class T>
 ATTNKIT_ALWAYS_INLINE void rotate_half_step(T* x1p, T* x2p, const float* cs, const float* sn) noexcept {
     using V = simd::vfloat<A>;
     const V x1 = simd::load_float<A>(x1p), x2 = simd::load_float<A>(x2p);
     const V c = simd::loadu<A>(cs), s = simd::loadu<A>(sn);
-    const V y1 = simd::fma(x1, c, V(0.0f) - x2 * s);
-    const V y2 = simd::fma(x2, c, x1 * s);
+    const V y1 = simd::fma(x1, c, negate_if<!kInverse>(x2 * s));
+    const V y2 = simd::fma(x2, c, negate_if<kInverse>(x1 * s));
     simd::store_float<A>(x1p, y1);
     simd::store_float<A>(x2p, y2);
 }
 
-template <class A, class T>
+template <class A, bool kInverse = false, class T>
 ATTNKIT_ALWAYS_INLINE void rotate_half_head(T* x, const float* row, index_t R) noexcept {
     constexpr index_t W = simd::kLanes<A>;
     const index_t half = R / 2;
     const float* cs = row;
     const float* sn = row + half;
     index_t c = 0;
-    for (; c + W <= half; c += W) rotate_half_step<A>(x + c, x + half + c, cs + c, sn + c);
+    for (; c + W <= half; c += W) rotate_half_step<A, kInverse>(x + c, x + half + c, cs + c, sn + c);
     if (c < half) {
         const index_t n = half - c;
         T b1[W], b2[W];
         float bc[W] = {}, bs[W] = {};
         for (index_t i = 0; i < W; ++i) b1[i] = b2[i] = T(0.0f);
         for (index_t i = 0; i < n; ++i) b1[i] = x[c + i], b2[i] = x[half + c + i], bc[i] = cs[c + i], bs[i] = sn[c + i];
-        rotate_half_step<A>(b1, b2, bc, bs);
+        rotate_half_step<A, kInverse>(b1, b2, bc, bs);
         for (index_t i = 0; i < n; ++i) x[c + i] = b1[i], x[half + c + i] = b2[i];
     }
 }
 
-template <class A, class T>
+template <class A, bool kInverse = false, class T>
 ATTNKIT_ALWAYS_INLINE void interleaved_step(T* x, const float* C, const float* S) noexcept {
     using V = simd::vfloat<A>;
     const V v = simd::load_float<A>(x);
-    simd::store_float<A>(x, simd::fma(v, simd::loadu<A>(C), simd::swap_pairs(v) * simd::loadu<A>(S)));
+    const V p = simd::swap_pairs(v) * simd::loadu<A>(S);
+    simd::store_float<A>(x, simd::fma(v, simd::loadu<A>(C), negate_if<kInverse>(p)));
 }
 
 // Interleaved on x[0, R): W elements (W/2 pairs) per step, the last R mod W (even: pairs never
 // split) on a padded copy as above. One lane (simd::scalar_arch) has no pair to swap: pairs of
 // scalars, with the same fma.
-template <class A, class T>
+template <class A, bool kInverse = false, class T>
 ATTNKIT_ALWAYS_INLINE void interleaved_head(T* x, const float* row, index_t R) noexcept {
     constexpr index_t W = simd::kLanes<A>;
     const float* C = row;
     const float* S = row + R;
     if constexpr (W >= 2) {
         index_t i = 0;
-        for (; i + W <= R; i += W) interleaved_step<A>(x + i, C + i, S + i);
+        for (; i + W <= R; i += W) interleaved_step<A, kInverse>(x + i, C + i, S + i);
         if (i < R) {
             const index_t n = R - i;
             T b[W];
             float bc[W] = {}, bs[W] = {};
             for (index_t k = 0; k < W; ++k) b[k] = T(0.0f);
             for (index_t k = 0; k < n; ++k) b[k] = x[i + k], bc[k] = C[i + k], bs[k] = S[i + k];
-            interleaved_step<A>(b, bc, bs);
+            interleaved_step<A, kInverse>(b, bc, bs);
             for (index_t k = 0; k < n; ++k) x[i + k] = b[k];
         }
     } else {
         using V = simd::scalar_float;
         for (index_t i = 0; i < R; i += 2) {
             const V x0 = simd::to_float(x[i]), x1 = simd::to_float(x[i + 1]);
-            simd::store_float<A>(x + i, simd::fma(x0, V(C[i]), x1 * V(S[i])));
-            simd::store_float<A>(x + i + 1, simd::fma(x1, V(C[i + 1]), x0 * V(S[i + 1])));
+            simd::store_float<A>(x + i, simd::fma(x0, V(C[i]), negate_if<kInverse>(x1 * V(S[i]))));
+            simd::store_float<A>(x + i + 1, simd::fma(x1, V(C[i + 1]), negate_if<kInverse>(x0 * V(S[i + 1]))));
         }
     }
 }

@@ -1,8 +1,8 @@
-// Oracle of attnkit::model::rope: RoPE in double, out of place, straight from the published
-// formulas (Su et al.'s rotation; Hugging Face transformers' modeling_rope_utils for the
-// frequencies of "default", "linear", "llama3" and "yarn"; GPT-NeoX's rotate_half and GPT-J's
-// interleaved pairs), every element's frequency and angle computed on its own. Shares only the
-// options and their checks with the kernel.
+// Oracles of attnkit::model::rope and rope_backward: RoPE and its gradient in double, out of
+// place, straight from the published formulas (Su et al.'s rotation; Hugging Face transformers'
+// modeling_rope_utils for the frequencies of "default", "linear", "llama3" and "yarn"; GPT-NeoX's
+// rotate_half and GPT-J's interleaved pairs), every element's frequency and angle computed on its
+// own. Shares only the options and their checks with the kernel.
 #pragma once
 
 #include <algorithm>
@@ -121,6 +121,53 @@ void rope(const X& x, O&& out, double theta, std::int64_t position_offset) {
     o.theta = static_cast<float>(theta);
     o.position_offset = position_offset;
     rope(x, std::forward<O>(out), o);
+}
+
+// Oracle of attnkit::model::rope_backward: out [B, L, H, D] (double or float) = the gradient of
+// rope with respect to x, given d = dLoss/d(rope(x)). Each pair's forward (u, v) ->
+// af (u cos - v sin, v cos + u sin) has the Jacobian af [[cos, -sin], [sin, cos]]; its transpose
+// takes (a, b) = (d[i1], d[i2]) to af (a cos + b sin, b cos - a sin). Past the rotary dim the
+// forward is the identity, and so is its gradient.
+template <class G, class O, class Position>
+void rope_backward_at(const G& d_in, O&& out_in, const attnkit::model::rope_options& o, Position&& position) {
+    const auto d = attnkit::detail::input_view<4>("d", d_in, "[B, L, H, D]");
+    const auto out = attnkit::detail::output_view<4>("out", std::forward<O>(out_in), "[B, L, H, D]");
+    if (out.dims != d.dims)
+        attnkit::detail::fail("reference::model::rope_backward: shapes d " + shape_string(d) + ", out " +
+                              shape_string(out));
+    const index_t D = d.dims[3];
+    const index_t R = attnkit::model::detail::check_rope_options(o, d, "d");
+    const bool interleaved = o.style == attnkit::model::rope_style::interleaved;
+    const double af = rope_attention_factor(o.scaling);
+    using T = std::remove_reference_t<decltype(out(0, 0, 0, 0))>;
+    for (index_t b = 0; b < d.dims[0]; ++b)
+        for (index_t l = 0; l < d.dims[1]; ++l)
+            for (index_t h = 0; h < d.dims[2]; ++h) {
+                for (index_t e = R; e < D; ++e) out(b, l, h, e) = static_cast<T>(static_cast<double>(d(b, l, h, e)));
+                for (index_t c = 0; c < R / 2; ++c) {
+                    const double angle = static_cast<double>(position(b, l)) * rope_inv_freq(o, R, c);
+                    const index_t i1 = interleaved ? 2 * c : c;
+                    const index_t i2 = interleaved ? 2 * c + 1 : c + R / 2;
+                    const double a = static_cast<double>(d(b, l, h, i1));
+                    const double bb = static_cast<double>(d(b, l, h, i2));
+                    out(b, l, h, i1) = static_cast<T>(af * (std::cos(angle) * a + std::sin(angle) * bb));
+                    out(b, l, h, i2) = static_cast<T>(af * (-std::sin(angle) * a + std::cos(angle) * bb));
+                }
+            }
+}
+
+// Row l at o.position_offset + l.
+template <class G, class O>
+void rope_backward(const G& d, O&& out, const attnkit::model::rope_options& o) {
+    rope_backward_at(d, std::forward<O>(out), o, [&](index_t, index_t l) { return o.position_offset + l; });
+}
+
+// Row (b, l) at positions(b, l) ([B, L], int64 or int32).
+template <class G, class O, class P>
+void rope_backward(const G& d, O&& out, const P& positions_in, const attnkit::model::rope_options& o) {
+    const auto pos = attnkit::detail::input_view<2>("positions", positions_in, "[B, L]");
+    rope_backward_at(d, std::forward<O>(out), o,
+                     [&](index_t b, index_t l) { return static_cast<std::int64_t>(pos(b, l)); });
 }
 
 }  // namespace model
