@@ -1,10 +1,11 @@
 // The decoder's training pass (model/decoder_training.hpp) and AdamW (model/adamw.hpp): every
 // parameter's gradient against the double reference model (reference/model/decoder.hpp, itself
-// checked against finite differences in reference_decoder_test), for every layer kind that
-// trains; bitwise losses and gradients for 1, 2 and 3 threads; the training forward against
-// prefill and decode after updates (also with q/k/v biases and an untied output head); AdamW's
-// update against its formula; a short MQAR run whose
-// loss must fall (it does not when a gradient is wrong); bad input rejected with no change.
+// checked against finite differences in reference_decoder_test), for every layer kind
+// (rnd_emb_qk / fixed_seq_qk through the fixed stream's forward and backward); bitwise losses
+// and gradients for 1, 2 and 3 threads; the training forward against prefill and decode after
+// updates (also with q/k/v biases and an untied output head); AdamW's update against its
+// formula; a short MQAR run whose loss must fall (it does not when a gradient is wrong); bad
+// input rejected with no change.
 #include "attnkit/model/adamw.hpp"
 #include "attnkit/model/decoder.hpp"
 #include "attnkit/model/tasks.hpp"
@@ -38,6 +39,8 @@ decoder_config tiny(attention_variant v, const std::string& schedule) {
     c.variant = v;
     c.schedule = schedule;
     c.seed = 11;
+    // fixed_seq_qk: a given prefix with a repeat, then seeded random tokens up to max_length.
+    if (v == attention_variant::fixed_seq_qk) c.fixed_sequence = {3, 17, 3, 8};
     return c;
 }
 
@@ -108,9 +111,13 @@ TEST_P(DecoderTraining, GradientsMatchTheDoubleReference) {
     decoder_gradients g(m);
     const double loss = m.loss_and_gradients(b.tokens, b.targets, b.batch, g);
 
+    // The fixed stream's input as the decoder has it (empty for the other kinds).
+    const tensor2 sx = m.fixed_stream_input();
+    const attnkit::reference::model::fixed_stream stream{std::vector<double>(sx.data(), sx.data() + sx.size()),
+                                                         m.fixed_stream_tokens()};
     attnkit::reference::model::parameter_map grads;
-    const double ref_loss =
-        attnkit::reference::model::decoder_loss(c, as_doubles(m), b.tokens, b.targets, b.batch, b.length, &grads);
+    const double ref_loss = attnkit::reference::model::decoder_loss(c, as_doubles(m), b.tokens, b.targets, b.batch,
+                                                                    b.length, &grads, &stream);
     EXPECT_NEAR(loss, ref_loss, 1e-5 * std::max(1.0, std::abs(ref_loss)));
     // Per tensor, the error relative to the tensor's largest gradient: float arithmetic through
     // two layers and a softmax over the vocab keeps ~1e-6; a wrong index or a missing term
@@ -200,6 +207,14 @@ const kind_case kKinds[] = {
     {attention_variant::embedding_qk, "last", true, true},
     {attention_variant::mta, "hybrid", true, false},
     {attention_variant::taylor, "first", true, true},
+    // The fixed stream: uniform (layer 0 static below the stream's top, layer 1 its top, q and k
+    // only), hybrid (layer 0 static and the top: the stream is one norm and projection), odd
+    // (layer 0 standard: the stream's q and k of layer 1 come through it).
+    {attention_variant::rnd_emb_qk, "uniform"},
+    {attention_variant::fixed_seq_qk, "uniform"},
+    {attention_variant::rnd_emb_qk, "hybrid", true, false},
+    {attention_variant::fixed_seq_qk, "odd", true, true},
+    {attention_variant::fixed_seq_qk, "hybrid", false, true},
 };
 
 std::string kind_name(const ::testing::TestParamInfo<kind_case>& i) {
@@ -332,9 +347,15 @@ TEST(DecoderTrainingArgs, BadInputIsRejectedWithoutChange) {
     decoder biased(with_bias);
     decoder_gradients g_biased(biased);
     expect_invalid([&] { m.loss_and_gradients(b.tokens, b.targets, 2, g_biased); }, {"g", "biases"});
+    // Static layers train; a static decoder still rejects another decoder's gradients (here the
+    // standard one's, of the same shapes) and sequences past max_length (the stream's length).
     decoder st(tiny(attention_variant::rnd_emb_qk, "uniform"));
     decoder_gradients g_st(st);
-    expect_invalid([&] { st.loss_and_gradients(b.tokens, b.targets, 2, g_st); }, {"rnd_emb_qk"});
+    const auto st_before = as_doubles(st);
+    expect_invalid([&] { st.loss_and_gradients(b.tokens, b.targets, 2, g); }, {"g", "other layers"});
+    const std::vector<std::int32_t> too_long(2 * 17, 1);
+    expect_invalid([&] { st.loss_and_gradients(too_long, too_long, 2, g_st); }, {"max_length"});
+    EXPECT_EQ(as_doubles(st), st_before);
     EXPECT_EQ(as_doubles(m), before);
     // All targets ignored: loss 0 and zero gradients.
     const double loss = m.loss_and_gradients(b.tokens, std::vector<std::int32_t>(10, -1), 2, g);

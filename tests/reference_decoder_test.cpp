@@ -1,9 +1,10 @@
 // attnkit::reference::model::decoder_loss, the double oracle of the decoder's training loss and
 // gradients: every parameter's gradient, element by element, against central finite differences
-// of the loss, for every supported variant under uniform and hybrid schedules, with and without
-// q/k/v biases and an untied output head; the forward
-// against the inference decoder (model/decoder.hpp) on the decoder's own seeded weights; no
-// target -> loss 0 and zero gradients; bad input rejected.
+// of the loss, for every variant under uniform and hybrid schedules, with and without q/k/v
+// biases and an untied output head (rnd_emb_qk / fixed_seq_qk: through the fixed stream's
+// forward and backward, which the finite differences see as a function of the weights like any
+// other); the forward against the inference decoder (model/decoder.hpp) on the decoder's own
+// seeded weights and fixed stream; no target -> loss 0 and zero gradients; bad input rejected.
 #include "attnkit/reference/model/decoder.hpp"
 
 #include <gtest/gtest.h>
@@ -26,6 +27,7 @@ using attnkit::model::attention_variant;
 using attnkit::model::decoder_config;
 using attnkit::reference::model::decoder_loss;
 using attnkit::reference::model::decoder_parameter_shapes;
+using attnkit::reference::model::fixed_stream;
 using attnkit::reference::model::parameter_map;
 using attnkit_test::expect_invalid;
 
@@ -43,6 +45,9 @@ decoder_config tiny(attention_variant v, const std::string& schedule) {
     c.rope_theta = 100.0f;  // both frequencies of D = 4 turn visibly over 5 positions
     c.variant = v;
     c.schedule = schedule;
+    // rnd_emb_qk / fixed_seq_qk: the fixed stream runs over max_length rows, 2 past the batch's
+    // (rows the main pass never reads, whose gradient must stay out of the others').
+    if (v == attention_variant::rnd_emb_qk || v == attention_variant::fixed_seq_qk) c.max_length = kL + 2;
     return c;
 }
 
@@ -77,6 +82,26 @@ parameter_map random_weights(const decoder_config& c, std::uint64_t seed) {
     return w;
 }
 
+// The fixed stream's input for a config: N(0, 0.5) embeddings (rnd_emb_qk), or max_length
+// tokens (fixed_seq_qk) with a repeat and tokens the batch also has, so that an embedding row
+// gets gradient from both passes.
+fixed_stream stream_of(const decoder_config& c) {
+    fixed_stream s;
+    attnkit::model::weight_rng rng(17);
+    if (c.variant == attention_variant::rnd_emb_qk)
+        for (index_t i = 0; i < c.max_length * c.d_model; ++i) s.embeddings.push_back(static_cast<double>(rng.normal(0.5f)));
+    if (c.variant == attention_variant::fixed_seq_qk)
+        for (index_t i = 0; i < c.max_length; ++i) s.tokens.push_back(static_cast<std::int32_t>((i * 5 + 3) % 7 + 3));
+    return s;
+}
+
+// decoder_loss with the config's fixed stream (ignored by the other kinds).
+double loss_of(const decoder_config& c, const parameter_map& w, const std::vector<std::int32_t>& tokens,
+               const std::vector<std::int32_t>& targets, index_t batch, index_t length, parameter_map* g = nullptr) {
+    const fixed_stream s = stream_of(c);
+    return decoder_loss(c, w, tokens, targets, batch, length, g, &s);
+}
+
 // Tokens [B, L] and next-token targets, some ignored (-1).
 struct batch_data {
     std::vector<std::int32_t> tokens, targets;
@@ -90,7 +115,8 @@ batch_data make_batch(const decoder_config& c) {
     return b;
 }
 
-const std::vector<std::string> kVariants = {"standard", "taylor", "self_gating", "mlp", "mta", "embedding_qk"};
+const std::vector<std::string> kVariants = {"standard",     "taylor",     "self_gating",  "mlp",
+                                            "mta",          "embedding_qk", "rnd_emb_qk", "fixed_seq_qk"};
 
 class ReferenceDecoderGradients : public ::testing::TestWithParam<std::string> {};
 
@@ -100,10 +126,10 @@ void expect_finite_differences(const decoder_config& c) {
     parameter_map w = random_weights(c, 11);
     const batch_data d = make_batch(c);
     parameter_map g;
-    const double loss = decoder_loss(c, w, d.tokens, d.targets, kB, kL, &g);
+    const double loss = loss_of(c, w, d.tokens, d.targets, kB, kL, &g);
     ASSERT_TRUE(std::isfinite(loss));
     EXPECT_GT(loss, 0.5);
-    EXPECT_EQ(decoder_loss(c, w, d.tokens, d.targets, kB, kL), loss);  // without grads: the same loss
+    EXPECT_EQ(loss_of(c, w, d.tokens, d.targets, kB, kL), loss);  // without grads: the same loss
     ASSERT_EQ(g.size(), w.size());
     for (const auto& s : decoder_parameter_shapes(c)) {
         const std::string& name = s.first;
@@ -120,9 +146,9 @@ void expect_finite_differences(const decoder_config& c) {
         for (std::size_t i = 0; i < p.size(); ++i) {
             const double x0 = p[i], h = 1e-5 * std::max(1.0, std::fabs(x0));
             p[i] = x0 + h;
-            const double up = decoder_loss(c, w, d.tokens, d.targets, kB, kL);
+            const double up = loss_of(c, w, d.tokens, d.targets, kB, kL);
             p[i] = x0 - h;
-            const double down = decoder_loss(c, w, d.tokens, d.targets, kB, kL);
+            const double down = loss_of(c, w, d.tokens, d.targets, kB, kL);
             p[i] = x0;
             const double fd = (up - down) / (2.0 * h);
             EXPECT_NEAR(grad[i], fd, tol) << name << "[" << i << "]";
@@ -133,7 +159,8 @@ void expect_finite_differences(const decoder_config& c) {
 TEST_P(ReferenceDecoderGradients, MatchFiniteDifferences) {
     const attention_variant v = attnkit::model::parse_attention_variant(GetParam());
     // uniform: both layers the variant; hybrid: layer 1 standard; odd: layer 0 standard (for
-    // embedding_qk: the variant's layer takes Q and K from the raw embeddings, not its input).
+    // embedding_qk: the variant's layer takes Q and K from the raw embeddings, not its input;
+    // for the static kinds: the stream's q and k of layer 1 come through its layer 0, standard).
     for (const char* schedule : {"uniform", "hybrid", "odd"}) {
         SCOPED_TRACE(schedule);
         expect_finite_differences(tiny(v, schedule));
@@ -231,10 +258,17 @@ TEST_P(ReferenceDecoderForward, MatchesInferenceDecoder) {
         c.schedule = schedule;
         const parameter_map w = decoder_weights(c);
         ASSERT_EQ(w.size(), decoder_parameter_shapes(c).size());
+        attnkit::model::decoder model(c);
+        // The decoder's own fixed stream (empty for the other kinds).
+        const attnkit::model::tensor2 sx = model.fixed_stream_input();
+        const fixed_stream stream{std::vector<double>(sx.data(), sx.data() + sx.size()), model.fixed_stream_tokens()};
+        if (v == attention_variant::rnd_emb_qk || v == attention_variant::fixed_seq_qk) {
+            ASSERT_EQ(sx.dimension(0), c.max_length);
+            ASSERT_EQ(sx.dimension(1), c.d_model);
+        }
         const index_t L = 9;
         std::vector<std::int32_t> tokens;
         for (index_t i = 0; i < L; ++i) tokens.push_back(static_cast<std::int32_t>((i * 11 + 4) % c.vocab));
-        attnkit::model::decoder model(c);
         const std::vector<float> logits = model.prefill(tokens);
         double m = -1e300;
         for (float x : logits) m = std::max(m, static_cast<double>(x));
@@ -251,7 +285,7 @@ TEST_P(ReferenceDecoderForward, MatchesInferenceDecoder) {
             // Float kernels against double: ~1e-7 apart. With the decoder's N(0, 0.02) weights
             // the scores are small, so the attention kinds differ by ~5e-4 here and RoPE's
             // theta 500 against 400 by ~3e-5; 1e-6 tells them apart.
-            EXPECT_NEAR(decoder_loss(c, w, tokens, targets, 1, L), want, 1e-6) << "target " << t;
+            EXPECT_NEAR(decoder_loss(c, w, tokens, targets, 1, L, nullptr, &stream), want, 1e-6) << "target " << t;
         }
     }
 }
@@ -344,10 +378,10 @@ TEST(ReferenceDecoder, BatchItemsAreIndependent) {
             const std::vector<std::int32_t> tok(d.tokens.begin() + from, d.tokens.begin() + to);
             const std::vector<std::int32_t> tgt(d.targets.begin() + from, d.targets.begin() + to);
             const index_t n = std::count_if(tgt.begin(), tgt.end(), [](std::int32_t t) { return t >= 0; });
-            sum += static_cast<double>(n) * decoder_loss(c, w, tok, tgt, 1, kL);
+            sum += static_cast<double>(n) * loss_of(c, w, tok, tgt, 1, kL);
             total += n;
         }
-        EXPECT_NEAR(decoder_loss(c, w, d.tokens, d.targets, kB, kL), sum / static_cast<double>(total), 1e-13);
+        EXPECT_NEAR(loss_of(c, w, d.tokens, d.targets, kB, kL), sum / static_cast<double>(total), 1e-13);
     }
 }
 
@@ -360,7 +394,7 @@ TEST(ReferenceDecoder, NoTargetGivesZeroLossAndGradients) {
         const std::vector<std::int32_t> none(d.targets.size(), -1);
         parameter_map g;
         g["stale"] = {1.0};
-        EXPECT_EQ(decoder_loss(c, w, d.tokens, none, kB, kL, &g), 0.0);
+        EXPECT_EQ(loss_of(c, w, d.tokens, none, kB, kL, &g), 0.0);
         ASSERT_EQ(g.size(), w.size());
         for (const auto& p : w) {
             ASSERT_EQ(g.count(p.first), 1u) << p.first;
@@ -410,11 +444,25 @@ TEST(ReferenceDecoder, RejectsBadInput) {
     extra["model.layers.0.self_attn.mta.gate.weight"] = std::vector<double>(4, 0.0);
     expect_invalid([&] { loss(c, extra, d.tokens, d.targets, kB, kL); }, "not one of this config's");
 
+    // The static kinds need the fixed stream's input, of the config's sizes.
     for (attention_variant s : {attention_variant::rnd_emb_qk, attention_variant::fixed_seq_qk}) {
-        decoder_config st = c;
-        st.variant = s;
-        expect_invalid([&] { loss(st, w, d.tokens, d.targets, kB, kL); }, "does not support");
-        expect_invalid([&] { decoder_parameter_shapes(st); }, "does not support");
+        SCOPED_TRACE(attnkit::model::attention_variant_name(s));
+        const decoder_config st = tiny(s, "hybrid");
+        const parameter_map ws = random_weights(st, 5);
+        expect_invalid([&] { loss(st, ws, d.tokens, d.targets, kB, kL); }, {"stream", "fixed stream"});
+        fixed_stream in = stream_of(st);
+        if (s == attention_variant::rnd_emb_qk) {
+            in.embeddings.pop_back();
+            expect_invalid([&] { decoder_loss(st, ws, d.tokens, d.targets, kB, kL, &g, &in); },
+                           {"stream: embeddings", "56", "55"});
+        } else {
+            in.tokens.pop_back();
+            expect_invalid([&] { decoder_loss(st, ws, d.tokens, d.targets, kB, kL, &g, &in); },
+                           {"stream: tokens", "7", "6"});
+            in = stream_of(st);
+            in.tokens[2] = 13;
+            expect_invalid([&] { decoder_loss(st, ws, d.tokens, d.targets, kB, kL, &g, &in); }, "stream: token 13");
+        }
     }
     decoder_config bad_config = c;
     bad_config.heads = 3;

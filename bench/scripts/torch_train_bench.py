@@ -15,9 +15,26 @@ Prints one JSON object: shape, threads, torch version, tokens/s (median over the
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
+
+
+def threads_from_argv():
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "1"
+
+
+# Debian's torch calls BLAS through the generic libblas.so.3 interface: with OpenBLAS behind it
+# (libopenblas0-*), BLAS runs its own threads, which torch.set_num_threads does not reach. Pin
+# them before torch loads the library, so that "1 thread" means one core.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = threads_from_argv()
 
 try:
     import torch
@@ -136,7 +153,8 @@ def main():
         opt.step()
         if step >= 2:
             times.append(time.perf_counter() - t0)
-    print(json.dumps({"shape": a.shape, "d_model": d, "layers": layers, "heads": heads, "vocab": vocab, "L": L,
+    blas = os.path.realpath("/etc/alternatives/libblas.so.3-x86_64-linux-gnu")
+    print(json.dumps({"blas": blas, "shape": a.shape, "d_model": d, "layers": layers, "heads": heads, "vocab": vocab, "L": L,
                       "batch": B, "threads": a.threads, "torch": torch.__version__,
                       "tokens_per_s": B * L / statistics.median(times), "steps": a.steps}))
     return 0

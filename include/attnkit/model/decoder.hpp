@@ -18,8 +18,9 @@
 // self-gating's query is SiLU(Wq . n) as in the paper, taken before RoPE (which then leaves its
 // gate <q_j, k_j> unchanged); rnd_emb_qk / fixed_seq_qk take Q and K
 // from the fixed stream (random embeddings, or the embeddings of one token sequence) that the
-// constructor runs once through the model (every layer as standard attention), keeping a value
-// cache and a static_attention_map for decode; embedding_qk takes Q and K of all its layers from
+// constructor runs once through the model (every layer as standard attention; again on
+// parameters_changed(), and in every training pass with its backward, model/decoder_training.hpp),
+// keeping a value cache and a static_attention_map for decode; embedding_qk takes Q and K of all its layers from
 // the token embeddings in one projection (embedding_qk.hpp) and keeps a KV cache; mlp replaces
 // the sublayer with a gated MLP of width gated_mlp_width(d). The q/k/v biases are added right
 // after the projections in every path (self-gating: before SiLU; all: before RoPE; the fixed
@@ -71,7 +72,10 @@ class decoder {
         final_norm_.setConstant(1.0f);
         build_layers(standard, &rng);
         if (emb_layout_.layers > 0) build_embedding_qk();
-        if (std::any_of(kinds_.begin(), kinds_.end(), is_static)) run_fixed_stream(rng);
+        if (has_static()) {
+            draw_fixed_stream(rng);
+            run_fixed_stream();
+        }
         // After every other draw (the fixed stream's too): untying the head changes no other
         // weight of a seed.
         if (!c_.tie_word_embeddings) {
@@ -98,23 +102,45 @@ class decoder {
         walk_parameters(*this, f);
     }
     // Re-derives what the decoder keeps computed from its parameters: the transposed output
-    // projection, the stacked StaticEmbQK projection, the fixed stream's maps. Starts a new
-    // sequence (the caches hold values of the old weights).
+    // projection, the stacked StaticEmbQK projection, the fixed stream's Q, K and maps (the
+    // stream runs again through the new weights). Starts a new sequence (the caches hold values
+    // of the old weights).
     void parameters_changed() {
         refresh_derived();
-        if (std::any_of(kinds_.begin(), kinds_.end(), is_static)) {
-            weight_rng rng(c_.seed);
-            skip_initial_weights(rng);
-            run_fixed_stream(rng);
+        if (has_static()) {
+            if (stream_x_.size() == 0 && stream_tokens_.empty()) {  // a checkpoint's decoder: drawn once
+                weight_rng rng(c_.seed);
+                skip_initial_weights(rng);
+                draw_fixed_stream(rng);
+            }
+            run_fixed_stream();
         }
         reset();
     }
+
+    // rnd_emb_qk / fixed_seq_qk: the fixed stream's input [max_length, d_model], the rows that
+    // run through the model: rnd_emb_qk's seeded random embeddings (a constant, never trained),
+    // or fixed_seq_qk's rows of model.embed_tokens.weight for fixed_stream_tokens() (the current
+    // weights). Empty ([0, d_model]) without such layers.
+    tensor2 fixed_stream_input() const {
+        const index_t d = c_.d_model;
+        if (stream_x_.size() > 0) return stream_x_;
+        tensor2 x(static_cast<index_t>(stream_tokens_.size()), d);
+        for (std::size_t t = 0; t < stream_tokens_.size(); ++t)
+            std::copy_n(&embed_(stream_tokens_[t], 0), d, &x(static_cast<index_t>(t), 0));
+        return x;
+    }
+    // fixed_seq_qk: the stream's max_length token ids (config().fixed_sequence, completed with
+    // seeded random tokens); empty otherwise.
+    const std::vector<std::int32_t>& fixed_stream_tokens() const { return stream_tokens_; }
 
     // Training (model/decoder_training.hpp): tokens and targets [batch, L] row-major, each
     // sequence from position 0, causal; a target < 0 is ignored. Returns the mean cross-entropy
     // over the counted targets (the next-token loss when targets are the tokens shifted by
     // one) and writes (overwrites) g, the gradient of that mean. loss() is the forward alone.
-    // Every layer kind except rnd_emb_qk and fixed_seq_qk trains (std::invalid_argument for those).
+    // Every layer kind trains; with rnd_emb_qk / fixed_seq_qk layers each call also runs the
+    // fixed stream (max_length rows) through the current weights, and loss_and_gradients its
+    // backward (docs/training.md).
     double loss_and_gradients(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
                               index_t batch, decoder_gradients& g);
     double loss(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets, index_t batch);
@@ -200,14 +226,21 @@ class decoder {
         if (n_emb > 0) emb_layout_ = {n_emb, c_.heads, c_.heads_kv, c_.head_dim()};
     }
 
+    // The training pass (model/decoder_training.hpp): check_batch, then train_forward and
+    // train_backward over the main pass and, with static layers, the fixed stream's pass.
+    struct train_input;
+    struct train_kit;
     index_t check_batch(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>* targets,
                         index_t batch) const;
     double train_pass(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>* targets, index_t batch,
                       decoder_gradients* g);
+    void train_forward(const train_input& p);
+    void train_backward(const train_input& p, decoder_gradients& g);
 
     static bool is_static(attention_variant k) {
         return k == attention_variant::rnd_emb_qk || k == attention_variant::fixed_seq_qk;
     }
+    bool has_static() const { return std::any_of(kinds_.begin(), kinds_.end(), is_static); }
 
     void check_tokens(const std::vector<std::int32_t>& tokens, index_t at) const {
         if (tokens.empty()) throw std::invalid_argument("attnkit::model::decoder: no tokens to process");
@@ -289,19 +322,27 @@ class decoder {
         }
     }
 
-    // RndEmbQK / FixedSeqQK: run the fixed stream through the model once, every layer as
-    // standard attention, and keep each static layer's Q and K (as the paper does).
-    void run_fixed_stream(weight_rng& rng) {
+    // RndEmbQK / FixedSeqQK: the fixed stream's input, drawn after the weights: random rows
+    // (rnd_emb_qk) or the token ids whose embeddings are the rows (fixed_seq_qk).
+    void draw_fixed_stream(weight_rng& rng) {
         const index_t L = c_.max_length, d = c_.d_model;
-        tensor2 x(L, d);
         if (c_.variant == attention_variant::rnd_emb_qk) {
-            rng.fill(x, 1.0f / std::sqrt(static_cast<float>(d)));  // RMS ~ 1 after the first norm
+            stream_x_ = tensor2(L, d);
+            rng.fill(stream_x_, 1.0f / std::sqrt(static_cast<float>(d)));  // RMS ~ 1 after the first norm
         } else {
             std::vector<std::int32_t> seq = c_.fixed_sequence;
             while (static_cast<index_t>(seq.size()) < L)
                 seq.push_back(static_cast<std::int32_t>(rng.uniform() * static_cast<double>(c_.vocab)) % static_cast<std::int32_t>(c_.vocab));
-            for (index_t t = 0; t < L; ++t) std::copy_n(&embed_(seq[static_cast<std::size_t>(t)], 0), d, &x(t, 0));
+            seq.resize(static_cast<std::size_t>(L));
+            stream_tokens_ = std::move(seq);
         }
+    }
+
+    // Runs the fixed stream through the model, every layer as standard attention, and keeps each
+    // static layer's Q and K (as the paper does) and its map for decode.
+    void run_fixed_stream() {
+        const index_t L = c_.max_length;
+        tensor2 x = fixed_stream_input();
         scratch s(c_, L);
         for (auto& l : layers_) layer_forward(*l, x, s, L, 0, /*stream=*/true);
         for (auto& l : layers_)
@@ -413,7 +454,9 @@ class decoder {
     index_t pos_ = 0;
     decoder_profile prof_;
     std::vector<Eigen::Tensor<double, 3, Eigen::RowMajor>>* capture_ = nullptr;
-    decoder_activations act_;  // the training pass's saved activations and buffers
+    tensor2 stream_x_;                        // rnd_emb_qk: the fixed stream's input [max_length, d]
+    std::vector<std::int32_t> stream_tokens_;  // fixed_seq_qk: the fixed stream's tokens [max_length]
+    decoder_activations act_;  // the training pass's saved activations and buffers (the stream's too)
     std::unique_ptr<rope_cache> rope_cache_ = std::make_unique<rope_cache>();  // held by pointer: the decoder stays movable
 };
 

@@ -13,10 +13,18 @@
 // and layer at d = 1024); an mlp layer keeps 4 d. The SwiGLU intermediate [N, ffn] is not kept:
 // gated_mlp_backward recomputes it from h2 block by block, as the attention backward passes
 // recompute their probabilities from q, k and lse. Logits [N, vocab] exist once per step.
+//
+// With rnd_emb_qk / fixed_seq_qk layers, `stream` holds the same for the fixed stream's pass
+// (batch 1, max_length rows, layers up to the highest static one, that one's x_in, h, q and k
+// only), each static layer's d_q_fixed / d_k_fixed (what the main pass's static attention sends
+// back to the stream's q and k), and `stream_grads` the stream backward's weight gradients before
+// they are added to the main pass's.
 #pragma once
 
+#include <memory>
 #include <vector>
 
+#include "attnkit/model/decoder_gradients.hpp"
 #include "attnkit/model/decoder_layer.hpp"
 
 namespace attnkit {
@@ -26,6 +34,7 @@ struct decoder_activations {
     struct layer {
         tensor2 x_in, h, q, q_lin, k, v, att, x_mid, h2;
         tensor3 lse;
+        tensor2 d_q_fixed, d_k_fixed;  // the stream's static layers: [max_length, H D], [max_length, Hk D]
     };
     std::vector<layer> layers;
     tensor2 x, xf, logits;           // the last residual, its norm, the logits (then their gradient)
@@ -33,6 +42,8 @@ struct decoder_activations {
     tensor2 dq, dk, dv;              // the attention backward's outputs
     tensor3 emb_qk;                  // StaticEmbQK: the stacked Q/K of every embedding_qk layer
     tensor2 d_emb_qk, d_emb_w, d_e;  // and its gradients
+    std::unique_ptr<decoder_activations> stream;  // rnd_emb_qk / fixed_seq_qk: the fixed stream's pass
+    std::unique_ptr<decoder_gradients> stream_grads;  // and its backward's weight gradients
 };
 
 // t as [rows, cols], reallocated only when the size changes (Eigen keeps the storage when the

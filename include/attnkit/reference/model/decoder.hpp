@@ -4,6 +4,9 @@
 //   reference::model::parameter_map w;  // name -> row-major values, shapes decoder_parameter_shapes(cfg)
 //   reference::model::parameter_map g;
 //   double loss = reference::model::decoder_loss(cfg, w, tokens, targets, B, L, &g);
+//   // rnd_emb_qk / fixed_seq_qk: also the fixed stream's input (from the decoder)
+//   reference::model::fixed_stream s{model.fixed_stream_input() as doubles, model.fixed_stream_tokens()};
+//   loss = reference::model::decoder_loss(cfg, w, tokens, targets, B, L, &g, &s);
 //
 // The training forward is the decoder's model, batched ([B, L] tokens, every item at positions
 // 0 .. L-1) and without caches:
@@ -16,15 +19,24 @@
 //            the biases only with cfg.attention_bias; self_gating: q = SiLU(q);
 //            q, k = RoPE(q), RoPE(k) (rotate-half, cfg.rope_theta, positions 0 .. L-1);
 //            att = causal attention of the kind (GQA: H query heads, Hk key/value heads, D = d / H);
+//            rnd_emb_qk / fixed_seq_qk: att = static_qk_attention(q_fixed, k_fixed, v), below;
 //            a = att Wo
 //     x += a;  x += SwiGLU(RMSNorm(x; post_attention_layernorm); mlp weights)
 //   logits = RMSNorm(x; model.norm) W^T, W = embed (cfg.tie_word_embeddings) or lm_head.weight
 //   loss = mean over the targets >= 0 of -log softmax(logits)[target]  (0 when every target is < 0)
+// The fixed stream (rnd_emb_qk / fixed_seq_qk, when some layer is of those kinds): the same layers
+// over one sequence of max_length rows, x = stream.embeddings (rnd_emb_qk, a constant) or
+// embed[stream.tokens] (fixed_seq_qk), with every attention layer standard; at each static layer
+// its q and k after RoPE are that layer's q_fixed [1, max_length, H, D] and k_fixed. Its output is
+// not used; its gradient is autograd's: the backward runs through the whole stream from zero at
+// the top, the static layers' d_q_fixed / d_k_fixed (reference::static_qk_attention_backward,
+// summed over the batch) added to the gradients of its q and k; its weight gradients add to the
+// main pass's, and fixed_seq_qk's reach the stream tokens' embedding rows.
 // MTA is decoder_layer::mta_opts: kq_pre [H, 1, 6, 11], head_pre / head_post [H, H] as [out, in],
 // group norm [D] (eps mta_options' default), depth scale of layer l, gate [D] (bias 0).
 //
 // Built from attnkit's reference oracles in double (reference::model::rms_norm and rope forward,
-// reference::softmax / taylor / self_gating attention and their backward, reference::gated_mlp
+// reference::softmax / taylor / self_gating / static_qk attention and their backward, reference::gated_mlp
 // and its backward, and MTA's double-weight forward and backward of mta_attention_backward.hpp)
 // and plain double loops: the projections, the logits, cross-entropy, the RMSNorm backward, the
 // RoPE backward (the rotation transposed), SiLU and the embedding scatter. Nothing of the fast
@@ -34,9 +46,11 @@
 // [out, in]), lm_head.weight as [vocab, d] (Hugging Face's, the embedding's);
 // decoder_parameter_shapes lists every name and shape of a configuration. Bad input
 // throws std::invalid_argument before anything is computed: a config check_decoder_config
-// rejects; a layer of kind rnd_emb_qk or fixed_seq_qk (not supported here); batch or length < 1
-// or length > max_length; tokens or targets not of size batch * length; a token outside
-// [0, vocab) or a target >= vocab; a parameter missing, of the wrong size, or not of the config.
+// rejects; batch or length < 1 or length > max_length; tokens or targets not of size batch *
+// length; a token outside [0, vocab) or a target >= vocab; a parameter missing, of the wrong
+// size, or not of the config; with rnd_emb_qk / fixed_seq_qk layers, no stream, or its
+// embeddings not max_length * d_model values (rnd_emb_qk), or its tokens not max_length ids
+// in [0, vocab) (fixed_seq_qk).
 #pragma once
 
 #include <algorithm>
@@ -63,6 +77,8 @@
 #include "attnkit/reference/self_gating_attention_backward.hpp"
 #include "attnkit/reference/softmax_attention.hpp"
 #include "attnkit/reference/softmax_attention_backward.hpp"
+#include "attnkit/reference/static_qk_attention.hpp"
+#include "attnkit/reference/static_qk_attention_backward.hpp"
 #include "attnkit/reference/taylor_attention.hpp"
 #include "attnkit/reference/taylor_attention_backward.hpp"
 #include "attnkit/view.hpp"
@@ -72,6 +88,15 @@ namespace reference {
 namespace model {
 
 using parameter_map = std::map<std::string, std::vector<double>>;  // name -> row-major values
+
+// The input of the fixed stream that rnd_emb_qk / fixed_seq_qk layers take Q and K from
+// (model/decoder.hpp): rnd_emb_qk: embeddings [max_length, d_model] row-major, a constant
+// (decoder::fixed_stream_input()); fixed_seq_qk: tokens [max_length] (decoder::fixed_stream_tokens()),
+// whose rows of model.embed_tokens.weight are the input and get their gradient.
+struct fixed_stream {
+    std::vector<double> embeddings;
+    std::vector<std::int32_t> tokens;
+};
 
 namespace decoder_impl {
 
@@ -89,19 +114,18 @@ constexpr index_t token_mlp_width(index_t d) { return (4 * d + 1) / 3; }
     throw std::invalid_argument("attnkit::reference::model::decoder_loss: " + what);
 }
 
-// Each layer's kind; throws for the static kinds.
+// Each layer's kind.
 inline std::vector<attention_variant> layer_kinds(const decoder_config& c) {
     attnkit::model::check_decoder_config(c);
     const std::vector<bool> standard = attnkit::model::hybrid_schedule(c.schedule, c.layers);
     std::vector<attention_variant> kinds;
-    for (index_t l = 0; l < c.layers; ++l) {
-        const attention_variant k = standard[static_cast<std::size_t>(l)] ? attention_variant::standard : c.variant;
-        if (k == attention_variant::rnd_emb_qk || k == attention_variant::fixed_seq_qk)
-            fail("layer " + std::to_string(l) + " is of kind " + attnkit::model::attention_variant_name(k) +
-                 ", which this oracle does not support");
-        kinds.push_back(k);
-    }
+    for (index_t l = 0; l < c.layers; ++l)
+        kinds.push_back(standard[static_cast<std::size_t>(l)] ? attention_variant::standard : c.variant);
     return kinds;
+}
+
+inline bool is_static(attention_variant k) {
+    return k == attention_variant::rnd_emb_qk || k == attention_variant::fixed_seq_qk;
 }
 
 inline std::string layer_name(index_t l, const char* rest) {
@@ -284,10 +308,12 @@ inline std::vector<std::pair<std::string, std::vector<index_t>>> decoder_paramet
 
 // The mean cross-entropy loss of the decoder on tokens [batch, length] against targets [batch,
 // length] (a target < 0 is ignored; 0 when all are). When grads is set it is overwritten with
-// the gradient of the loss for every parameter: the same names as w, in double.
+// the gradient of the loss for every parameter: the same names as w, in double. stream: the
+// fixed stream's input, required when a layer is rnd_emb_qk or fixed_seq_qk (ignored otherwise).
 inline double decoder_loss(const attnkit::model::decoder_config& c, const parameter_map& w,
                            const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
-                           index_t batch, index_t length, parameter_map* grads = nullptr) {
+                           index_t batch, index_t length, parameter_map* grads = nullptr,
+                           const fixed_stream* stream = nullptr) {
     using namespace decoder_impl;
     using attnkit::model::attention_variant;
     // --- validation, before anything is computed ---
@@ -323,8 +349,27 @@ inline double decoder_loss(const attnkit::model::decoder_config& c, const parame
         for (const auto& p : w)
             if (std::none_of(shapes.begin(), shapes.end(), [&](const auto& s) { return s.first == p.first; }))
                 fail("parameter \"" + p.first + "\" is not one of this config's");
+    const bool any_static = std::any_of(kinds.begin(), kinds.end(), is_static);
+    const index_t Lmax = c.max_length;
+    if (any_static) {
+        const std::string kind = attnkit::model::attention_variant_name(c.variant);
+        if (!stream) fail("stream: layers of kind " + kind + " take Q and K from the fixed stream; give its input");
+        if (c.variant == attention_variant::rnd_emb_qk) {
+            if (static_cast<index_t>(stream->embeddings.size()) != Lmax * c.d_model)
+                fail("stream: embeddings: expected max_length * d_model = " + std::to_string(Lmax * c.d_model) +
+                     " values, got " + std::to_string(stream->embeddings.size()));
+        } else {
+            if (static_cast<index_t>(stream->tokens.size()) != Lmax)
+                fail("stream: tokens: expected max_length = " + std::to_string(Lmax) + " values, got " +
+                     std::to_string(stream->tokens.size()));
+            for (std::int32_t t : stream->tokens)
+                if (t < 0 || t >= c.vocab)
+                    fail("stream: token " + std::to_string(t) + " outside [0, vocab = " + std::to_string(c.vocab) +
+                         ")");
+        }
+    }
 
-    const index_t B = batch, L = length, d = c.d_model, H = c.heads, Hk = c.heads_kv, D = c.head_dim();
+    const index_t d = c.d_model, H = c.heads, Hk = c.heads_kv, D = c.head_dim();
     const index_t f = c.ffn_width(), V = c.vocab, m = token_mlp_width(d);
     const double eps = static_cast<double>(c.norm_eps);
     const auto P = [&](const std::string& name) -> const std::vector<double>& { return w.at(name); };
@@ -341,95 +386,127 @@ inline double decoder_loss(const attnkit::model::decoder_config& c, const parame
         return 0.0;
     }
 
-    // --- forward ---
-    const std::vector<double>& embed = P("model.embed_tokens.weight");
-    std::vector<double> x(at(N * d));
-    for (index_t n = 0; n < N; ++n)
-        std::copy_n(embed.data() + tokens[at(n)] * d, d, x.data() + n * d);
-    const bool any_emb = std::any_of(kinds.begin(), kinds.end(),
-                                     [](attention_variant k) { return k == attention_variant::embedding_qk; });
-    const std::vector<double> e = any_emb ? x : std::vector<double>();
-
     softmax_options so;
     so.causal = true;
     taylor_options to;
     to.causal = true;
     self_gating_options go;
     go.causal = true;
+    const static_qk_options qo{};
     const auto v4 = [](const std::vector<double>& t, index_t b, index_t l, index_t h, index_t dd) {
         return view<const double, 4>(t.data(), {b, l, h, dd});
     };
     const auto m4 = [](std::vector<double>& t, index_t b, index_t l, index_t h, index_t dd) {
         return view<double, 4>(t.data(), {b, l, h, dd});
     };
-    const auto mlp_forward = [&](const std::vector<double>& in, const std::string& prefix, index_t width) {
-        std::vector<double> out(at(N * d));
+    const auto mlp_forward = [&](const std::vector<double>& in, const std::string& prefix, index_t width, index_t n) {
+        std::vector<double> out(at(n * d));
         const view<const double, 2> wg(P(prefix + "gate_proj.weight").data(), {d, width});
         const view<const double, 2> wu(P(prefix + "up_proj.weight").data(), {d, width});
         const view<const double, 2> wd(P(prefix + "down_proj.weight").data(), {width, d});
-        reference::gated_mlp(view<const double, 2>(in.data(), {N, d}), wg, wu, wd, view<double, 2>(out.data(), {N, d}));
+        reference::gated_mlp(view<const double, 2>(in.data(), {n, d}), wg, wu, wd, view<double, 2>(out.data(), {n, d}));
         return out;
     };
 
-    std::vector<layer_tape> tape(at(c.layers));
-    for (index_t l = 0; l < c.layers; ++l) {
-        layer_tape& t = tape[at(l)];
-        t.kind = kinds[at(l)];
-        t.x_in = x;
-        t.h = rms_norm_forward(x, P(layer_name(l, "input_layernorm.weight")), N, d, eps);
-        std::vector<double> a;
-        if (t.kind == attention_variant::mlp) {
-            a = mlp_forward(t.h, layer_name(l, "token_mlp."), m);
-        } else {
-            const std::vector<double>& src = t.kind == attention_variant::embedding_qk ? e : t.h;
-            t.q_lin = matmul(src.data(), P(layer_name(l, "self_attn.q_proj.weight")).data(), N, d, H * D);
-            t.k_lin = matmul(src.data(), P(layer_name(l, "self_attn.k_proj.weight")).data(), N, d, Hk * D);
-            t.v = matmul(t.h.data(), P(layer_name(l, "self_attn.v_proj.weight")).data(), N, d, Hk * D);
-            const auto add_bias = [&](std::vector<double>& y, const char* name) {
-                const std::vector<double>& b = P(layer_name(l, name));
-                for (std::size_t i = 0; i < y.size(); ++i) y[i] += b[i % b.size()];
-            };
-            if (c.attention_bias) {
-                add_bias(t.v, "self_attn.v_proj.bias");
-                if (t.kind != attention_variant::embedding_qk) {
-                    add_bias(t.q_lin, "self_attn.q_proj.bias");
-                    add_bias(t.k_lin, "self_attn.k_proj.bias");
+    // One pass of the model over x [B * L, d], every item at positions 0 .. L-1: the main pass
+    // over the tokens, or the fixed stream (B 1, L max_length, every attention layer standard,
+    // as decoder::run_fixed_stream runs it), whose q and k after RoPE at each static layer are
+    // that layer's q_fixed and k_fixed in the main pass.
+    struct pass {
+        index_t B, L;
+        bool stream;
+        std::vector<double> x;  // the input rows, then the last residual
+        std::vector<layer_tape> tape;
+    };
+    const auto forward = [&](pass& p, const pass* st) {
+        const index_t B = p.B, L = p.L, n = B * L;
+        std::vector<double>& x = p.x;
+        const bool any_emb = std::any_of(kinds.begin(), kinds.end(),
+                                         [](attention_variant k) { return k == attention_variant::embedding_qk; });
+        const std::vector<double> e = any_emb && !p.stream ? x : std::vector<double>();  // the raw embeddings
+        p.tape.assign(at(c.layers), layer_tape());
+        for (index_t l = 0; l < c.layers; ++l) {
+            layer_tape& t = p.tape[at(l)];
+            t.kind = p.stream && kinds[at(l)] != attention_variant::mlp ? attention_variant::standard : kinds[at(l)];
+            t.x_in = x;
+            t.h = rms_norm_forward(x, P(layer_name(l, "input_layernorm.weight")), n, d, eps);
+            std::vector<double> a;
+            if (t.kind == attention_variant::mlp) {
+                a = mlp_forward(t.h, layer_name(l, "token_mlp."), m, n);
+            } else {
+                const auto add_bias = [&](std::vector<double>& y, const char* name) {
+                    const std::vector<double>& b = P(layer_name(l, name));
+                    for (std::size_t i = 0; i < y.size(); ++i) y[i] += b[i % b.size()];
+                };
+                t.v = matmul(t.h.data(), P(layer_name(l, "self_attn.v_proj.weight")).data(), n, d, Hk * D);
+                if (c.attention_bias) add_bias(t.v, "self_attn.v_proj.bias");
+                t.att.assign(at(n * H * D), 0.0);
+                const auto vv4 = v4(t.v, B, L, Hk, D);
+                if (is_static(t.kind)) {  // the stream's q and k, the same for every item
+                    const layer_tape& s = st->tape[at(l)];
+                    reference::static_qk_attention(v4(s.q, 1, Lmax, H, D), v4(s.k, 1, Lmax, Hk, D), vv4,
+                                                   m4(t.att, B, L, H, D), qo);
+                } else {
+                    const std::vector<double>& src = t.kind == attention_variant::embedding_qk ? e : t.h;
+                    t.q_lin = matmul(src.data(), P(layer_name(l, "self_attn.q_proj.weight")).data(), n, d, H * D);
+                    t.k_lin = matmul(src.data(), P(layer_name(l, "self_attn.k_proj.weight")).data(), n, d, Hk * D);
+                    if (c.attention_bias && t.kind != attention_variant::embedding_qk) {
+                        add_bias(t.q_lin, "self_attn.q_proj.bias");
+                        add_bias(t.k_lin, "self_attn.k_proj.bias");
+                    }
+                    std::vector<double> qs = t.q_lin;
+                    if (t.kind == attention_variant::self_gating)  // SiLU before RoPE
+                        for (double& z : qs) z = z * sigmoid(z);
+                    t.q = rope_forward(c, qs, B, L, H, D);
+                    t.k = rope_forward(c, t.k_lin, B, L, Hk, D);
+                    const auto q4 = v4(t.q, B, L, H, D), k4 = v4(t.k, B, L, Hk, D);
+                    switch (t.kind) {
+                        case attention_variant::standard:
+                        case attention_variant::embedding_qk:
+                            t.lse.assign(at(n * H), 0.0);
+                            reference::softmax_attention(q4, k4, vv4, m4(t.att, B, L, H, D),
+                                                         view<double, 3>(t.lse.data(), {B, L, H}), so);
+                            break;
+                        case attention_variant::taylor:
+                            reference::taylor_attention(q4, k4, vv4, m4(t.att, B, L, H, D), to);
+                            break;
+                        case attention_variant::self_gating:
+                            reference::self_gating_attention(q4, k4, vv4, m4(t.att, B, L, H, D), go);
+                            break;
+                        case attention_variant::mta:
+                            t.att = mta_backward_impl::forward(q4, k4, vv4, mta_weights(w, l));
+                            break;
+                        default:
+                            fail("unsupported layer kind");
+                    }
                 }
+                a = matmul(t.att.data(), P(layer_name(l, "self_attn.o_proj.weight")).data(), n, H * D, d);
             }
-            std::vector<double> qs = t.q_lin;
-            if (t.kind == attention_variant::self_gating)  // SiLU before RoPE
-                for (double& z : qs) z = z * sigmoid(z);
-            t.q = rope_forward(c, qs, B, L, H, D);
-            t.k = rope_forward(c, t.k_lin, B, L, Hk, D);
-            t.att.assign(at(N * H * D), 0.0);
-            const auto q4 = v4(t.q, B, L, H, D), k4 = v4(t.k, B, L, Hk, D), vv4 = v4(t.v, B, L, Hk, D);
-            switch (t.kind) {
-                case attention_variant::standard:
-                case attention_variant::embedding_qk:
-                    t.lse.assign(at(N * H), 0.0);
-                    reference::softmax_attention(q4, k4, vv4, m4(t.att, B, L, H, D),
-                                                 view<double, 3>(t.lse.data(), {B, L, H}), so);
-                    break;
-                case attention_variant::taylor:
-                    reference::taylor_attention(q4, k4, vv4, m4(t.att, B, L, H, D), to);
-                    break;
-                case attention_variant::self_gating:
-                    reference::self_gating_attention(q4, k4, vv4, m4(t.att, B, L, H, D), go);
-                    break;
-                case attention_variant::mta:
-                    t.att = mta_backward_impl::forward(q4, k4, vv4, mta_weights(w, l));
-                    break;
-                default:
-                    fail("unsupported layer kind");
-            }
-            a = matmul(t.att.data(), P(layer_name(l, "self_attn.o_proj.weight")).data(), N, H * D, d);
+            for (std::size_t i = 0; i < x.size(); ++i) x[i] += a[i];
+            t.x_mid = x;
+            t.h2 = rms_norm_forward(x, P(layer_name(l, "post_attention_layernorm.weight")), n, d, eps);
+            const std::vector<double> y = mlp_forward(t.h2, layer_name(l, "mlp."), f, n);
+            for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
         }
-        for (std::size_t i = 0; i < x.size(); ++i) x[i] += a[i];
-        t.x_mid = x;
-        t.h2 = rms_norm_forward(x, P(layer_name(l, "post_attention_layernorm.weight")), N, d, eps);
-        const std::vector<double> y = mlp_forward(t.h2, layer_name(l, "mlp."), f);
-        for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    };
+
+    // --- forward ---
+    const std::vector<double>& embed = P("model.embed_tokens.weight");
+    pass st{1, Lmax, true, {}, {}};
+    if (any_static) {
+        if (c.variant == attention_variant::rnd_emb_qk) {
+            st.x = stream->embeddings;
+        } else {
+            st.x.resize(at(Lmax * d));
+            for (index_t t = 0; t < Lmax; ++t)
+                std::copy_n(embed.data() + stream->tokens[at(t)] * d, d, st.x.data() + t * d);
+        }
+        forward(st, nullptr);
     }
+    pass mp{batch, length, false, std::vector<double>(at(N * d)), {}};
+    for (index_t n = 0; n < N; ++n) std::copy_n(embed.data() + tokens[at(n)] * d, d, mp.x.data() + n * d);
+    forward(mp, &st);
+    const std::vector<double>& x = mp.x;
     const std::vector<double> xf = rms_norm_forward(x, P("model.norm.weight"), N, d, eps);
     const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     const std::vector<double>& head = P(head_name);
@@ -478,17 +555,16 @@ inline double decoder_loss(const attnkit::model::decoder_config& c, const parame
     std::vector<double> dx(at(N * d), 0.0);
     rms_norm_backward(x.data(), P("model.norm.weight").data(), dxf.data(), dx.data(), G("model.norm.weight"), N, d,
                       eps);
-    std::vector<double> de(any_emb ? at(N * d) : 0, 0.0);
 
     // The gated MLP's backward through the oracle: d_in += ..., the weights' gradients added.
     const auto mlp_backward = [&](const std::vector<double>& in, const std::string& prefix, index_t width,
-                                  const std::vector<double>& dout, std::vector<double>& d_in) {
-        std::vector<double> dxi(at(N * d)), dwg(at(d * width)), dwu(at(d * width)), dwd(at(width * d));
+                                  const std::vector<double>& dout, std::vector<double>& d_in, index_t n) {
+        std::vector<double> dxi(at(n * d)), dwg(at(d * width)), dwu(at(d * width)), dwd(at(width * d));
         reference::gated_mlp_backward(
-            view<const double, 2>(in.data(), {N, d}), view<const double, 2>(P(prefix + "gate_proj.weight").data(), {d, width}),
+            view<const double, 2>(in.data(), {n, d}), view<const double, 2>(P(prefix + "gate_proj.weight").data(), {d, width}),
             view<const double, 2>(P(prefix + "up_proj.weight").data(), {d, width}),
             view<const double, 2>(P(prefix + "down_proj.weight").data(), {width, d}),
-            view<const double, 2>(dout.data(), {N, d}), view<double, 2>(dxi.data(), {N, d}),
+            view<const double, 2>(dout.data(), {n, d}), view<double, 2>(dxi.data(), {n, d}),
             view<double, 2>(dwg.data(), {d, width}), view<double, 2>(dwu.data(), {d, width}),
             view<double, 2>(dwd.data(), {width, d}));
         for (std::size_t i = 0; i < dxi.size(); ++i) d_in[i] += dxi[i];
@@ -501,95 +577,140 @@ inline double decoder_loss(const attnkit::model::decoder_config& c, const parame
         add(prefix + "down_proj.weight", dwd);
     };
 
-    for (index_t l = c.layers - 1; l >= 0; --l) {
-        const layer_tape& t = tape[at(l)];
-        // x_out = x_mid + MLP(RMSNorm(x_mid)): dx_mid = dx + the norm's backward of dh2.
-        std::vector<double> dh(at(N * d), 0.0);
-        mlp_backward(t.h2, layer_name(l, "mlp."), f, dx, dh);
-        rms_norm_backward(t.x_mid.data(), P(layer_name(l, "post_attention_layernorm.weight")).data(), dh.data(),
-                          dx.data(), G(layer_name(l, "post_attention_layernorm.weight")), N, d, eps);
-        // x_mid = x_in + a: da = dx_mid.
-        std::fill(dh.begin(), dh.end(), 0.0);
-        if (t.kind == attention_variant::mlp) {
-            mlp_backward(t.h, layer_name(l, "token_mlp."), m, dx, dh);
-        } else {
-            std::vector<double> datt(at(N * H * D), 0.0);
-            matmul_backward(t.att.data(), P(layer_name(l, "self_attn.o_proj.weight")).data(), dx.data(), datt.data(),
-                            G(layer_name(l, "self_attn.o_proj.weight")), N, H * D, d);
-            std::vector<double> dq(at(N * H * D), 0.0), dk(at(N * Hk * D), 0.0), dv(at(N * Hk * D), 0.0);
-            const auto q4 = v4(t.q, B, L, H, D), k4 = v4(t.k, B, L, Hk, D), vv4 = v4(t.v, B, L, Hk, D);
-            const auto o4 = v4(t.att, B, L, H, D), do4 = v4(datt, B, L, H, D);
-            switch (t.kind) {
-                case attention_variant::standard:
-                case attention_variant::embedding_qk:
-                    reference::softmax_attention_backward(q4, k4, vv4, o4, view<const double, 3>(t.lse.data(), {B, L, H}),
-                                                          do4, m4(dq, B, L, H, D), m4(dk, B, L, Hk, D),
-                                                          m4(dv, B, L, Hk, D), so);
-                    break;
-                case attention_variant::taylor:
-                    reference::taylor_attention_backward(q4, k4, vv4, o4, do4, m4(dq, B, L, H, D), m4(dk, B, L, Hk, D),
-                                                         m4(dv, B, L, Hk, D), to);
-                    break;
-                case attention_variant::self_gating:
-                    reference::self_gating_attention_backward(q4, k4, vv4, o4, do4, m4(dq, B, L, H, D),
-                                                              m4(dk, B, L, Hk, D), m4(dv, B, L, Hk, D), go);
-                    break;
-                case attention_variant::mta: {
-                    const mta_backward_impl::dgrads mg = mta_backward_impl::backward(q4, k4, vv4, do4, mta_weights(w, l));
-                    dq = mg.dq;
-                    dk = mg.dk;
-                    dv = mg.dv;
-                    const auto add = [&](const char* name, const std::vector<double>& src) {
-                        double* dst = G(layer_name(l, name));
-                        for (std::size_t i = 0; i < src.size(); ++i) dst[i] += src[i];
-                    };
-                    add("self_attn.mta.kq_pre", mg.kq_pre);
-                    add("self_attn.mta.head_pre", mg.head_pre);
-                    add("self_attn.mta.head_post", mg.head_post);
-                    add("self_attn.mta.group_norm.weight", mg.norm_w);
-                    add("self_attn.mta.gate.weight", mg.gate_w);
-                    break;
+    // Each static layer's gradient of the stream's q and k (after RoPE) [Lmax, H D], [Lmax, Hk D]:
+    // from the main pass's static attention backward, summed over its items.
+    std::vector<std::vector<double>> d_qf(at(c.layers)), d_kf(at(c.layers));
+    // One pass's backward from dx, the gradient of its last residual, to dx of its input rows
+    // (de: of the raw embeddings, for embedding_qk), adding into g. The main pass writes d_qf and
+    // d_kf; the stream adds them to the gradients of its own q and k at the static layers.
+    const auto backward = [&](const pass& p, const pass* st, std::vector<double>& dx, std::vector<double>& de) {
+        const index_t B = p.B, L = p.L, n = B * L;
+        const bool any_emb = !de.empty();
+        for (index_t l = c.layers - 1; l >= 0; --l) {
+            const layer_tape& t = p.tape[at(l)];
+            // x_out = x_mid + MLP(RMSNorm(x_mid)): dx_mid = dx + the norm's backward of dh2.
+            std::vector<double> dh(at(n * d), 0.0);
+            mlp_backward(t.h2, layer_name(l, "mlp."), f, dx, dh, n);
+            rms_norm_backward(t.x_mid.data(), P(layer_name(l, "post_attention_layernorm.weight")).data(), dh.data(),
+                              dx.data(), G(layer_name(l, "post_attention_layernorm.weight")), n, d, eps);
+            // x_mid = x_in + a: da = dx_mid.
+            std::fill(dh.begin(), dh.end(), 0.0);
+            if (t.kind == attention_variant::mlp) {
+                mlp_backward(t.h, layer_name(l, "token_mlp."), m, dx, dh, n);
+            } else {
+                std::vector<double> datt(at(n * H * D), 0.0);
+                matmul_backward(t.att.data(), P(layer_name(l, "self_attn.o_proj.weight")).data(), dx.data(),
+                                datt.data(), G(layer_name(l, "self_attn.o_proj.weight")), n, H * D, d);
+                std::vector<double> dq(at(n * H * D), 0.0), dk(at(n * Hk * D), 0.0), dv(at(n * Hk * D), 0.0);
+                const auto q4 = v4(t.q, B, L, H, D), k4 = v4(t.k, B, L, Hk, D), vv4 = v4(t.v, B, L, Hk, D);
+                const auto o4 = v4(t.att, B, L, H, D), do4 = v4(datt, B, L, H, D);
+                switch (t.kind) {
+                    case attention_variant::standard:
+                    case attention_variant::embedding_qk:
+                        reference::softmax_attention_backward(q4, k4, vv4, o4,
+                                                              view<const double, 3>(t.lse.data(), {B, L, H}), do4,
+                                                              m4(dq, B, L, H, D), m4(dk, B, L, Hk, D),
+                                                              m4(dv, B, L, Hk, D), so);
+                        break;
+                    case attention_variant::taylor:
+                        reference::taylor_attention_backward(q4, k4, vv4, o4, do4, m4(dq, B, L, H, D),
+                                                             m4(dk, B, L, Hk, D), m4(dv, B, L, Hk, D), to);
+                        break;
+                    case attention_variant::self_gating:
+                        reference::self_gating_attention_backward(q4, k4, vv4, o4, do4, m4(dq, B, L, H, D),
+                                                                  m4(dk, B, L, Hk, D), m4(dv, B, L, Hk, D), go);
+                        break;
+                    case attention_variant::mta: {
+                        const mta_backward_impl::dgrads mg =
+                            mta_backward_impl::backward(q4, k4, vv4, do4, mta_weights(w, l));
+                        dq = mg.dq;
+                        dk = mg.dk;
+                        dv = mg.dv;
+                        const auto add = [&](const char* name, const std::vector<double>& src) {
+                            double* dst = G(layer_name(l, name));
+                            for (std::size_t i = 0; i < src.size(); ++i) dst[i] += src[i];
+                        };
+                        add("self_attn.mta.kq_pre", mg.kq_pre);
+                        add("self_attn.mta.head_pre", mg.head_pre);
+                        add("self_attn.mta.head_post", mg.head_post);
+                        add("self_attn.mta.group_norm.weight", mg.norm_w);
+                        add("self_attn.mta.gate.weight", mg.gate_w);
+                        break;
+                    }
+                    case attention_variant::rnd_emb_qk:
+                    case attention_variant::fixed_seq_qk: {
+                        // Q and K are the stream's: their gradient goes to it, none to this pass's h.
+                        const layer_tape& s = st->tape[at(l)];
+                        d_qf[at(l)].assign(at(Lmax * H * D), 0.0);
+                        d_kf[at(l)].assign(at(Lmax * Hk * D), 0.0);
+                        reference::static_qk_attention_backward(v4(s.q, 1, Lmax, H, D), v4(s.k, 1, Lmax, Hk, D), vv4,
+                                                                o4, do4, m4(d_qf[at(l)], 1, Lmax, H, D),
+                                                                m4(d_kf[at(l)], 1, Lmax, Hk, D), m4(dv, B, L, Hk, D),
+                                                                qo);
+                        break;
+                    }
+                    default:
+                        fail("unsupported layer kind");
                 }
-                default:
-                    fail("unsupported layer kind");
+                const bool fixed = is_static(t.kind);
+                if (p.stream && is_static(kinds[at(l)])) {  // q_fixed, k_fixed of the main pass
+                    for (std::size_t i = 0; i < dq.size(); ++i) dq[i] += d_qf[at(l)][i];
+                    for (std::size_t i = 0; i < dk.size(); ++i) dk[i] += d_kf[at(l)][i];
+                }
+                const bool emb = t.kind == attention_variant::embedding_qk;
+                // A bias's gradient: the sum over the rows of its projection's output gradient.
+                const auto bias_grad = [&](const std::vector<double>& dy, const char* name) {
+                    std::vector<double>& db = g.at(layer_name(l, name));
+                    for (std::size_t i = 0; i < dy.size(); ++i) db[i % db.size()] += dy[i];
+                };
+                if (c.attention_bias) bias_grad(dv, "self_attn.v_proj.bias");
+                if (!fixed) {
+                    // RoPE back (the rotation transposed), then SiLU' for self-gating's query.
+                    rope_backward(c, dq, B, L, H, D);
+                    rope_backward(c, dk, B, L, Hk, D);
+                    if (t.kind == attention_variant::self_gating)
+                        for (std::size_t i = 0; i < dq.size(); ++i) {
+                            const double z = t.q_lin[i], s = sigmoid(z);
+                            dq[i] *= s * (1.0 + z * (1.0 - s));
+                        }
+                    if (c.attention_bias && !emb) {
+                        bias_grad(dq, "self_attn.q_proj.bias");
+                        bias_grad(dk, "self_attn.k_proj.bias");
+                    }
+                    const std::vector<double>& src = emb ? p.tape.front().x_in : t.h;  // e: the first layer's input
+                    std::vector<double>& dsrc = emb ? de : dh;
+                    matmul_backward(src.data(), P(layer_name(l, "self_attn.q_proj.weight")).data(), dq.data(),
+                                    dsrc.data(), G(layer_name(l, "self_attn.q_proj.weight")), n, d, H * D);
+                    matmul_backward(src.data(), P(layer_name(l, "self_attn.k_proj.weight")).data(), dk.data(),
+                                    dsrc.data(), G(layer_name(l, "self_attn.k_proj.weight")), n, d, Hk * D);
+                }
+                matmul_backward(t.h.data(), P(layer_name(l, "self_attn.v_proj.weight")).data(), dv.data(), dh.data(),
+                                G(layer_name(l, "self_attn.v_proj.weight")), n, d, Hk * D);
             }
-            // RoPE back (the rotation transposed), then SiLU' for self-gating's query.
-            rope_backward(c, dq, B, L, H, D);
-            rope_backward(c, dk, B, L, Hk, D);
-            if (t.kind == attention_variant::self_gating)
-                for (std::size_t i = 0; i < dq.size(); ++i) {
-                    const double z = t.q_lin[i], s = sigmoid(z);
-                    dq[i] *= s * (1.0 + z * (1.0 - s));
-                }
-            const bool emb = t.kind == attention_variant::embedding_qk;
-            // A bias's gradient: the sum over the rows of its projection's output gradient.
-            const auto bias_grad = [&](const std::vector<double>& dy, const char* name) {
-                std::vector<double>& db = g.at(layer_name(l, name));
-                for (std::size_t i = 0; i < dy.size(); ++i) db[i % db.size()] += dy[i];
-            };
-            if (c.attention_bias) {
-                bias_grad(dv, "self_attn.v_proj.bias");
-                if (!emb) {
-                    bias_grad(dq, "self_attn.q_proj.bias");
-                    bias_grad(dk, "self_attn.k_proj.bias");
-                }
-            }
-            const std::vector<double>& src = emb ? e : t.h;
-            std::vector<double>& dsrc = emb ? de : dh;
-            matmul_backward(src.data(), P(layer_name(l, "self_attn.q_proj.weight")).data(), dq.data(), dsrc.data(),
-                            G(layer_name(l, "self_attn.q_proj.weight")), N, d, H * D);
-            matmul_backward(src.data(), P(layer_name(l, "self_attn.k_proj.weight")).data(), dk.data(), dsrc.data(),
-                            G(layer_name(l, "self_attn.k_proj.weight")), N, d, Hk * D);
-            matmul_backward(t.h.data(), P(layer_name(l, "self_attn.v_proj.weight")).data(), dv.data(), dh.data(),
-                            G(layer_name(l, "self_attn.v_proj.weight")), N, d, Hk * D);
+            rms_norm_backward(t.x_in.data(), P(layer_name(l, "input_layernorm.weight")).data(), dh.data(), dx.data(),
+                              G(layer_name(l, "input_layernorm.weight")), n, d, eps);
         }
-        rms_norm_backward(t.x_in.data(), P(layer_name(l, "input_layernorm.weight")).data(), dh.data(), dx.data(),
-                          G(layer_name(l, "input_layernorm.weight")), N, d, eps);
-    }
+        if (any_emb)
+            for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += de[i];
+    };
+
+    const bool any_emb = std::any_of(kinds.begin(), kinds.end(),
+                                     [](attention_variant k) { return k == attention_variant::embedding_qk; });
+    std::vector<double> de(any_emb ? at(N * d) : 0, 0.0);
+    backward(mp, &st, dx, de);
     // x = embed[tokens] (and e = x): scatter into the embedding's rows.
     for (index_t n = 0; n < N; ++n)
-        for (index_t i = 0; i < d; ++i)
-            d_embed[at(tokens[at(n)] * d + i)] += dx[at(n * d + i)] + (any_emb ? de[at(n * d + i)] : 0.0);
+        for (index_t i = 0; i < d; ++i) d_embed[at(tokens[at(n)] * d + i)] += dx[at(n * d + i)];
+    if (any_static) {
+        // The stream's output is not used: its backward starts from zero, and its q and k at the
+        // static layers take d_qf and d_kf. Its weight gradients add to the main pass's (the same
+        // weights); fixed_seq_qk's input rows are embedding rows, rnd_emb_qk's a constant.
+        std::vector<double> dxs(at(Lmax * d), 0.0), no_de;
+        backward(st, nullptr, dxs, no_de);
+        if (c.variant == attention_variant::fixed_seq_qk)
+            for (index_t t = 0; t < Lmax; ++t)
+                for (index_t i = 0; i < d; ++i) d_embed[at(stream->tokens[at(t)] * d + i)] += dxs[at(t * d + i)];
+    }
     *grads = std::move(g);
     return loss;
 }
