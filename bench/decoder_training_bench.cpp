@@ -76,7 +76,8 @@ void register_all() {
     const bool quick = bench_quick();
     const std::vector<attention_variant> variants{attention_variant::standard,    attention_variant::taylor,
                                                   attention_variant::self_gating, attention_variant::mlp,
-                                                  attention_variant::mta,         attention_variant::embedding_qk};
+                                                  attention_variant::mta,         attention_variant::embedding_qk,
+                                                  attention_variant::rnd_emb_qk,  attention_variant::fixed_seq_qk};
     std::vector<shape> shapes{{64, 2, 4, 64, 24, 32}};
     if (!quick) shapes.push_back({512, 6, 8, 512, 512, 4});
     for (const shape& s : shapes)

@@ -129,14 +129,15 @@ int main(int argc, char** argv) {
     const std::vector<std::uint64_t> seeds{1, 2, 3};
     const std::vector<attention_variant> variants{attention_variant::standard,    attention_variant::taylor,
                                                   attention_variant::self_gating, attention_variant::mlp,
-                                                  attention_variant::mta,         attention_variant::embedding_qk};
+                                                  attention_variant::mta,         attention_variant::embedding_qk,
+                                                  attention_variant::rnd_emb_qk,  attention_variant::fixed_seq_qk};
 
     // Tasks and their models. MQAR and the block task: 2 layers, d 64, 4 heads; the text task: 4
     // layers (so that a schedule has layers to mix), d 64.
     mqar_options mq;
     mq.vocab = 64;
-    mq.pairs = 8;
-    mq.queries = 8;
+    mq.pairs = 4;
+    mq.queries = 4;
     block_task_options bt;  // 8 blocks of 5 letters, 2 query letters (N = 5, L = 2 of the paper)
     std::vector<std::int32_t> corpus;
     if (only.empty() || only == "text") corpus = read_corpus(corpus_dir);
@@ -150,6 +151,8 @@ int main(int argc, char** argv) {
         c.schedule = schedule;
         c.seed = seed;
         c.pool = &pool;
+        if (s.task == "text" && v == attention_variant::fixed_seq_qk)  // FixedSeqQK's fixed text: the corpus' start
+            c.fixed_sequence.assign(corpus.begin(), corpus.begin() + std::min<index_t>(c.max_length, static_cast<index_t>(corpus.size())));
         decoder m(c);
         const int steps = std::max(10, s.steps / scale);
         adamw_options o;
@@ -226,7 +229,7 @@ int main(int argc, char** argv) {
         results.push_back(r);
     };
 
-    task_setup mqar_setup{"mqar", {}, 32, 400, 3e-3f};
+    task_setup mqar_setup{"mqar", {}, 64, 800, 3e-3f};
     mqar_setup.model.vocab = mq.vocab;
     mqar_setup.model.d_model = 64;
     mqar_setup.model.layers = 2;
@@ -237,7 +240,8 @@ int main(int argc, char** argv) {
     block_setup.task = "blocks";
     block_setup.model.vocab = block_task_options::kVocab;
     block_setup.model.max_length = bt.length();
-    block_setup.steps = 500;
+    block_setup.batch = 32;
+    block_setup.steps = 600;
     task_setup text_setup = mqar_setup;
     text_setup.task = "text";
     text_setup.model.vocab = 256;
@@ -262,7 +266,7 @@ int main(int argc, char** argv) {
     out << "{\n  \"machine\": \"" << cpu_name() << "\",\n  \"quick\": " << (quick ? "true" : "false")
         << ",\n  \"threads\": " << threads << ",\n  \"seconds\": "
         << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_all).count()
-        << ",\n  \"setups\": {\"mqar\": \"vocab 64, 8 pairs, 8 queries (length 24); d_model 64, 2 layers, 4 heads; batch 32, "
+        << ",\n  \"setups\": {\"mqar\": \"vocab 64, 4 pairs, 4 queries (length " << mq.length() << "); d_model 64, 2 layers, 4 heads; batch 64, "
         << std::max(10, mqar_setup.steps / scale) << " steps\", \"blocks\": \"8 blocks of N = 5 letters, L = 2 query letters (length "
         << bt.length() << "); d_model 64, 2 layers, 4 heads; batch 32, " << std::max(10, block_setup.steps / scale)
         << " steps\", \"text\": \"fortunes, bytes, " << corpus.size() << " characters (last tenth held out); windows of "

@@ -12,7 +12,7 @@
 // (model/tasks.hpp) and reports the recall accuracy; --text trains a character-level model
 // on a text file (bytes as tokens, vocab 256); --tokens reads a file of little-endian int32
 // token ids (vocab: the largest id + 1) and trains next-token prediction on random windows.
-// Every layer kind trains except rnd_emb_qk and fixed_seq_qk.
+// Every layer kind trains (rnd_emb_qk and fixed_seq_qk through their fixed stream: docs/training.md).
 #include <attnkit/model/adamw.hpp>
 #include <attnkit/model/decoder.hpp>
 #include <attnkit/model/tasks.hpp>

@@ -151,16 +151,24 @@ struct decoder::train_kit {
         return stream && l.kind != attention_variant::mlp ? attention_variant::standard : l.kind;
     }
 
-    // C = op(A) op(B) (or +=), timed as GEMM, on a fixed grid of C's blocks (gemm_blocks):
-    // bitwise the same for any pool.
+    // C = op(A) op(B) (or +=), timed as GEMM, on a grid of C's blocks (gemm_blocks). A block
+    // packs its slice of op(B) once for all its rows, so blocks of 256 x 512 (not 64 x 256:
+    // 1.2-1.5x slower at d_model 512, docs/benchmarks.md "Training") unless the grid would then
+    // leave a thread idle; any grid gives the same bits (detail/gemm.hpp), so the pool's size
+    // may choose it.
     void product(const tensor2& x, attnkit::detail::gemm_op ox, const tensor2& w, attnkit::detail::gemm_op ow,
                  tensor2& c, attnkit::detail::gemm_mode mode = attnkit::detail::gemm_mode::assign) {
         using attnkit::detail::matrix_ref;
-        constexpr index_t kRows = 64, kCols = 256;
+        const index_t rows = c.dimension(0), cols = c.dimension(1);
+        const index_t threads = m.c_.pool ? static_cast<index_t>(m.c_.pool->size()) : 1;
+        index_t br = 256, bc = 512;
+        const auto blocks = [&] { return ((rows + br - 1) / br) * ((cols + bc - 1) / bc); };
+        while (threads > 1 && blocks() < 2 * threads && br > 64) br /= 2;
+        while (threads > 1 && blocks() < 2 * threads && bc > 128) bc /= 2;
         const matrix_ref<const float> a{x.data(), x.dimension(0), x.dimension(1), x.dimension(1)};
         const matrix_ref<const float> b{w.data(), w.dimension(0), w.dimension(1), w.dimension(1)};
-        const matrix_ref<float> o{c.data(), c.dimension(0), c.dimension(1), c.dimension(1)};
-        m.timed(m.prof_.gemm, [&] { attnkit::detail::gemm_blocks(a, ox, b, ow, o, m.c_.pool, kRows, kCols, mode); });
+        const matrix_ref<float> o{c.data(), rows, cols, cols};
+        m.timed(m.prof_.gemm, [&] { attnkit::detail::gemm_blocks(a, ox, b, ow, o, m.c_.pool, br, bc, mode); });
     }
     view<float, 4> v4(tensor2& t, index_t heads) const { return view<float, 4>(t.data(), {B, L, heads, D}); }
     view<float, 3> v3(tensor2& t) const { return view<float, 3>(t.data(), {B, L, t.dimension(1)}); }
