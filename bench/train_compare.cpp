@@ -28,7 +28,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <dirent.h>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -57,28 +56,6 @@ struct run_result {
     double tokens_per_s = 0.0, kernel_share = 0.0, seconds = 0.0;
     double entropy = -1.0, head_diversity = -1.0;  // text: diagnostics of the trained model
 };
-
-// The fortunes files (plain text; not the .dat indexes or the .u8 copies), sorted by name and
-// concatenated as bytes.
-std::vector<std::int32_t> read_corpus(const std::string& dir) {
-    std::vector<std::string> names;
-    if (DIR* d = opendir(dir.c_str())) {
-        while (dirent* e = readdir(d)) {
-            const std::string n = e->d_name;
-            if (n.empty() || n[0] == '.' || n.find('.') != std::string::npos) continue;
-            names.push_back(n);
-        }
-        closedir(d);
-    }
-    std::sort(names.begin(), names.end());
-    std::vector<std::int32_t> bytes;
-    for (const auto& n : names) {
-        std::ifstream f(dir + "/" + n, std::ios::binary);
-        const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-        for (char c : s) bytes.push_back(static_cast<unsigned char>(c));
-    }
-    return bytes;
-}
 
 // The CPU's model name from /proc/cpuinfo ("unknown" elsewhere), for the report's header.
 std::string cpu_name() {
@@ -140,7 +117,7 @@ int main(int argc, char** argv) {
     mq.queries = 4;
     block_task_options bt;  // 8 blocks of 5 letters, 2 query letters (N = 5, L = 2 of the paper)
     std::vector<std::int32_t> corpus;
-    if (only.empty() || only == "text") corpus = read_corpus(corpus_dir);
+    if (only.empty() || only == "text") corpus = read_text_corpus(corpus_dir);
     const index_t text_len = 64, split = static_cast<index_t>(corpus.size()) * 9 / 10;
 
     std::vector<run_result> results;
@@ -222,10 +199,10 @@ int main(int argc, char** argv) {
                 r.head_diversity = div / n;
             }
         }
-        std::fprintf(stderr, "%-6s %-12s %-8s seed %llu: loss %.3f -> %.3f, held-out loss %.3f%s%.3f, %.0f tok/s, %.1f s\n",
+        const std::string acc = r.eval_accuracy >= 0 ? ", accuracy " + std::to_string(r.eval_accuracy).substr(0, 5) : "";
+        std::fprintf(stderr, "%-6s %-12s %-8s seed %llu: loss %.3f -> %.3f, held-out loss %.3f%s, %.0f tok/s, %.1f s\n",
                      r.task.c_str(), r.variant.c_str(), schedule.c_str(), static_cast<unsigned long long>(seed),
-                     r.loss.front(), r.loss.back(), r.eval_loss, r.eval_accuracy >= 0 ? ", accuracy " : "",
-                     r.eval_accuracy >= 0 ? r.eval_accuracy : 0.0, r.tokens_per_s, r.seconds);
+                     r.loss.front(), r.loss.back(), r.eval_loss, acc.c_str(), r.tokens_per_s, r.seconds);
         results.push_back(r);
     };
 

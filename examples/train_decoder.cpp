@@ -4,7 +4,7 @@
 //
 //   train_decoder [--data mqar | --text FILE | --tokens FILE] [--schedule NAME] [--variant NAME]
 //                 [--layers N] [--d-model N] [--heads N] [--heads-kv N] [--length N] [--batch N]
-//                 [--steps N] [--lr X] [--threads N] [--seed N]
+//                 [--steps N] [--lr X] [--threads N] [--seed N] [--save DIR]
 //
 //   train_decoder --variant taylor --schedule middle --text /usr/share/games/fortunes/fortunes
 //
@@ -13,6 +13,8 @@
 // on a text file (bytes as tokens, vocab 256); --tokens reads a file of little-endian int32
 // token ids (vocab: the largest id + 1) and trains next-token prediction on random windows.
 // Every layer kind trains (rnd_emb_qk and fixed_seq_qk through their fixed stream: docs/training.md).
+// --save DIR writes the trained model as DIR/config.json + DIR/model.safetensors (Hugging Face's
+// names, docs/checkpoints.md); attnkit::model::load_decoder(DIR) reads it back.
 #include <attnkit/model/adamw.hpp>
 #include <attnkit/model/decoder.hpp>
 #include <attnkit/model/tasks.hpp>
@@ -57,7 +59,7 @@ int main(int argc, char** argv) {
     cfg.heads_kv = 4;
     cfg.schedule = "first";  // layer 1 standard, the rest the variant
     cfg.variant = attention_variant::taylor;
-    std::string data = "mqar", path;
+    std::string data = "mqar", path, save_dir;
     attnkit::index_t length = 64, batch = 16;
     int steps = 150, threads = 1;
     float lr = 3e-3f;
@@ -81,6 +83,7 @@ int main(int argc, char** argv) {
             else if (a == "--lr") lr = std::stof(v);
             else if (a == "--threads") threads = std::stoi(v);
             else if (a == "--seed") cfg.seed = std::stoull(v);
+            else if (a == "--save") save_dir = v;
             else throw std::invalid_argument("unknown option " + a);
         }
         if (steps < 1 || threads < 1 || batch < 1 || length < 2)
@@ -91,8 +94,8 @@ int main(int argc, char** argv) {
         mqar_options mq;
         if (data == "mqar") {
             mq.vocab = 64;
-            mq.pairs = 8;
-            mq.queries = 8;
+            mq.pairs = 4;
+            mq.queries = 4;
             cfg.vocab = mq.vocab;
             length = mq.length();
         } else if (data == "text" || data == "tokens") {
@@ -165,6 +168,14 @@ int main(int argc, char** argv) {
         std::printf("\n%.0f training tokens/s (%d steps of %lld tokens in %.2f s)\n",
                     static_cast<double>(steps) * static_cast<double>(batch * length) / secs, steps,
                     static_cast<long long>(batch * length), secs);
+        if (!save_dir.empty()) {
+            save_decoder(model, save_dir);
+            // A checkpoint is only worth saving if it loads back to the same model.
+            decoder loaded = load_decoder(save_dir);
+            const double again = loaded.loss(held_out.tokens, held_out.targets, held_out.batch);
+            std::printf("saved %s/config.json and model.safetensors; reloaded: held-out loss %.4f\n", save_dir.c_str(),
+                        again);
+        }
         const decoder_profile& p = model.profile();
         std::printf("time in attnkit kernels %.0f%%, GEMMs %.0f%%, other %.0f%%\n", 100 * p.kernels / p.total(),
                     100 * p.gemm / p.total(), 100 * p.other / p.total());

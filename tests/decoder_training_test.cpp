@@ -322,6 +322,42 @@ TEST(DecoderTrainingRun, MqarLossFalls) {
     EXPECT_GT(accuracy(m.batch_logits(b.tokens, b.batch), b.targets), 0.9);
 }
 
+// A training run (gradients, clipping, AdamW, parameters_changed) gives the same losses and the
+// same final parameters bit for bit with 1, 2 and 3 threads.
+TEST(DecoderTrainingRun, LossesBitwiseForAnyThreadCount) {
+    mqar_options mo;
+    mo.vocab = 29;
+    mo.pairs = 3;
+    mo.queries = 3;
+    std::vector<double> first_losses;
+    attnkit::reference::model::parameter_map first_params;
+    for (int threads : {1, 2, 3}) {
+        attnkit::thread_pool pool(threads);
+        decoder_config c = tiny(attention_variant::mta, "first");
+        c.pool = threads > 1 ? &pool : nullptr;
+        decoder m(c);
+        adamw_options o;
+        o.lr = 1e-2f;
+        o.clip_norm = 0.5f;
+        adamw opt(m, o);
+        decoder_gradients g(m);
+        std::vector<double> losses;
+        for (int s = 0; s < 4; ++s) {
+            const token_batch b = mqar_batch(mo, 3, 40 + s);
+            losses.push_back(m.loss_and_gradients(b.tokens, b.targets, b.batch, g));
+            opt.step(m, g);
+        }
+        if (threads == 1) {
+            first_losses = losses;
+            first_params = as_doubles(m);
+            continue;
+        }
+        EXPECT_EQ(std::memcmp(losses.data(), first_losses.data(), losses.size() * sizeof(double)), 0)
+            << threads << " threads";
+        EXPECT_EQ(as_doubles(m), first_params) << threads << " threads";
+    }
+}
+
 TEST(DecoderTrainingArgs, BadInputIsRejectedWithoutChange) {
     decoder m(tiny(attention_variant::standard, "uniform"));
     decoder_gradients g(m);

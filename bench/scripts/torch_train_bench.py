@@ -153,7 +153,15 @@ def main():
         opt.step()
         if step >= 2:
             times.append(time.perf_counter() - t0)
-    blas = os.path.realpath("/etc/alternatives/libblas.so.3-x86_64-linux-gnu")
+    # The BLAS library the process actually mapped (Debian's alternatives or LD_LIBRARY_PATH
+    # decide: the reference BLAS of libblas3 unless an optimised one is installed).
+    blas = "unknown"
+    try:
+        with open("/proc/self/maps") as maps:
+            libs = sorted({line.split()[-1] for line in maps if "blas" in line and line.split()[-1].startswith("/")})
+        blas = ", ".join(libs) if libs else blas
+    except OSError:
+        pass
     print(json.dumps({"blas": blas, "shape": a.shape, "d_model": d, "layers": layers, "heads": heads, "vocab": vocab, "L": L,
                       "batch": B, "threads": a.threads, "torch": torch.__version__,
                       "tokens_per_s": B * L / statistics.median(times), "steps": a.steps}))

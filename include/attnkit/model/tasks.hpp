@@ -7,7 +7,8 @@
 //   double acc = attnkit::model::accuracy(model.batch_logits(b.tokens, b.batch), b.targets);
 //
 // mqar_batch, block_task_batch: seeded batches of the two synthetic tasks; stream_windows:
-// next-token windows of a token stream (a text corpus as bytes, say); accuracy per scored
+// next-token windows of a token stream (read_text_corpus: a directory of text files as bytes);
+// accuracy per scored
 // position, sequence_accuracy per sequence.
 //
 // MQAR, multi-query associative recall (Arora et al., "Zoology", 2023): a sequence lists
@@ -20,6 +21,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -182,6 +186,29 @@ inline token_batch stream_windows(const std::vector<std::int32_t>& stream, index
         b.targets.insert(b.targets.end(), stream.begin() + at + 1, stream.begin() + at + L + 1);
     }
     return b;
+}
+
+// The bytes of every plain file directly in `dir` whose name has no '.' (Debian's fortunes
+// directory holds each collection as `name`, its index `name.dat` and a UTF-8 copy `name.u8`:
+// this keeps the collections once), sorted by name and concatenated, as tokens 0..255 (a
+// character-level corpus, vocab 256). Empty when the directory does not exist.
+inline std::vector<std::int32_t> read_text_corpus(const std::string& dir) {
+    namespace fs = std::filesystem;
+    std::vector<std::int32_t> bytes;
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return bytes;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        const std::string n = e.path().filename().string();
+        if (e.is_regular_file(ec) && !n.empty() && n.find('.') == std::string::npos) files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+        std::ifstream in(f, std::ios::binary);
+        for (std::istreambuf_iterator<char> it(in), end; it != end; ++it)
+            bytes.push_back(static_cast<unsigned char>(*it));
+    }
+    return bytes;
 }
 
 // The fraction of sequences whose every scored position is right (the block task's measure:
