@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/decoder_weights.hpp"
 #include "common/errors.hpp"
 #include "golden/checkpoint_golden.hpp"
 
@@ -29,6 +30,7 @@ namespace fs = std::filesystem;
 using namespace attnkit::model;
 using attnkit::index_t;
 using attnkit_test::expect_invalid;
+using attnkit_test::perturb;
 using json = nlohmann::json;
 
 const fs::path kGolden = fs::path(__FILE__).parent_path() / "golden";
@@ -104,16 +106,6 @@ std::string raw_bytes(const std::string& header, const std::string& data, std::u
 }
 
 // ---- models ----
-
-void perturb(decoder& m, std::uint64_t seed) {
-    weight_rng rng(seed);
-    m.for_each_parameter([&](const std::string& name, auto& t) {
-        const bool norm = name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
-        for (index_t i = 0; i < static_cast<index_t>(t.size()); ++i)
-            t.data()[i] = norm ? 1.0f + rng.normal(0.2f) : t.data()[i] + rng.normal(0.25f);
-    });
-    m.parameters_changed();
-}
 
 // name -> (shape, values) of every parameter, in walk order.
 struct param {

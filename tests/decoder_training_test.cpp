@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/decoder_weights.hpp"
 #include "common/errors.hpp"
 
 namespace {
@@ -27,6 +28,7 @@ namespace {
 using namespace attnkit::model;
 using attnkit::index_t;
 using attnkit_test::expect_invalid;
+using attnkit_test::perturb;
 
 decoder_config tiny(attention_variant v, const std::string& schedule) {
     decoder_config c;
@@ -42,18 +44,6 @@ decoder_config tiny(attention_variant v, const std::string& schedule) {
     // fixed_seq_qk: a given prefix with a repeat, then seeded random tokens up to max_length.
     if (v == attention_variant::fixed_seq_qk) c.fixed_sequence = {3, 17, 3, 8};
     return c;
-}
-
-// The initial weights (N(0, 0.02)) leave the attention almost uniform and its gradients tiny;
-// larger weights make every path of the backward matter.
-void perturb(decoder& m, std::uint64_t seed) {
-    weight_rng rng(seed);
-    m.for_each_parameter([&](const std::string& name, auto& t) {
-        const bool norm = name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
-        for (index_t i = 0; i < static_cast<index_t>(t.size()); ++i)
-            t.data()[i] = norm ? 1.0f + rng.normal(0.2f) : t.data()[i] + rng.normal(0.25f);
-    });
-    m.parameters_changed();
 }
 
 struct batch_data {

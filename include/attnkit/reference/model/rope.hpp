@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -73,15 +74,19 @@ inline double rope_attention_factor(const attnkit::model::rope_scaling& s) {
     return get_mscale(s.factor, 1.0);
 }
 
-// out [B, L, H, D] (double or float) = RoPE of x, row (b, l) at position position(b, l).
+// out [B, L, H, D] (double or float) = each pair of x turned by sign * its angle, row (b, l) at
+// position(b, l): (u, v) -> af (u cos - sign v sin, v cos + sign u sin). sign = 1 is RoPE; sign
+// = -1 the transposed rotation, RoPE's gradient (below). Past the rotary dim: the identity.
 template <class X, class O, class Position>
-void rope_at(const X& x_in, O&& out_in, const attnkit::model::rope_options& o, Position&& position) {
-    const auto x = attnkit::detail::input_view<4>("x", x_in, "[B, L, H, D]");
+void rope_rotate(const char* name, const char* who, const X& x_in, O&& out_in, const attnkit::model::rope_options& o,
+                 Position&& position, double sign) {
+    const auto x = attnkit::detail::input_view<4>(name, x_in, "[B, L, H, D]");
     const auto out = attnkit::detail::output_view<4>("out", std::forward<O>(out_in), "[B, L, H, D]");
     if (out.dims != x.dims)
-        attnkit::detail::fail("reference::model::rope: shapes x " + shape_string(x) + ", out " + shape_string(out));
+        attnkit::detail::fail(std::string("reference::model::") + who + ": shapes " + name + " " + shape_string(x) +
+                              ", out " + shape_string(out));
     const index_t D = x.dims[3];
-    const index_t R = attnkit::model::detail::check_rope_options(o, x);
+    const index_t R = attnkit::model::detail::check_rope_options(o, x, name);
     const bool interleaved = o.style == attnkit::model::rope_style::interleaved;
     const double mscale = rope_attention_factor(o.scaling);
     using T = std::remove_reference_t<decltype(out(0, 0, 0, 0))>;
@@ -91,14 +96,21 @@ void rope_at(const X& x_in, O&& out_in, const attnkit::model::rope_options& o, P
                 for (index_t d = R; d < D; ++d) out(b, l, h, d) = static_cast<T>(static_cast<double>(x(b, l, h, d)));
                 for (index_t c = 0; c < R / 2; ++c) {
                     const double angle = static_cast<double>(position(b, l)) * rope_inv_freq(o, R, c);
+                    const double cs = std::cos(angle), sn = sign * std::sin(angle);
                     const index_t i1 = interleaved ? 2 * c : c;
                     const index_t i2 = interleaved ? 2 * c + 1 : c + R / 2;
                     const double u = static_cast<double>(x(b, l, h, i1));
                     const double v = static_cast<double>(x(b, l, h, i2));
-                    out(b, l, h, i1) = static_cast<T>((u * std::cos(angle) - v * std::sin(angle)) * mscale);
-                    out(b, l, h, i2) = static_cast<T>((v * std::cos(angle) + u * std::sin(angle)) * mscale);
+                    out(b, l, h, i1) = static_cast<T>((u * cs - v * sn) * mscale);
+                    out(b, l, h, i2) = static_cast<T>((v * cs + u * sn) * mscale);
                 }
             }
+}
+
+// out [B, L, H, D] (double or float) = RoPE of x, row (b, l) at position position(b, l).
+template <class X, class O, class Position>
+void rope_at(const X& x, O&& out, const attnkit::model::rope_options& o, Position&& position) {
+    rope_rotate("x", "rope", x, std::forward<O>(out), o, std::forward<Position>(position), 1.0);
 }
 
 // Row l at o.position_offset + l.
@@ -126,34 +138,11 @@ void rope(const X& x, O&& out, double theta, std::int64_t position_offset) {
 // Oracle of attnkit::model::rope_backward: out [B, L, H, D] (double or float) = the gradient of
 // rope with respect to x, given d = dLoss/d(rope(x)). Each pair's forward (u, v) ->
 // af (u cos - v sin, v cos + u sin) has the Jacobian af [[cos, -sin], [sin, cos]]; its transpose
-// takes (a, b) = (d[i1], d[i2]) to af (a cos + b sin, b cos - a sin). Past the rotary dim the
-// forward is the identity, and so is its gradient.
+// takes (a, b) = (d[i1], d[i2]) to af (a cos + b sin, b cos - a sin): the rotation by the
+// opposite angle. Past the rotary dim the forward is the identity, and so is its gradient.
 template <class G, class O, class Position>
-void rope_backward_at(const G& d_in, O&& out_in, const attnkit::model::rope_options& o, Position&& position) {
-    const auto d = attnkit::detail::input_view<4>("d", d_in, "[B, L, H, D]");
-    const auto out = attnkit::detail::output_view<4>("out", std::forward<O>(out_in), "[B, L, H, D]");
-    if (out.dims != d.dims)
-        attnkit::detail::fail("reference::model::rope_backward: shapes d " + shape_string(d) + ", out " +
-                              shape_string(out));
-    const index_t D = d.dims[3];
-    const index_t R = attnkit::model::detail::check_rope_options(o, d, "d");
-    const bool interleaved = o.style == attnkit::model::rope_style::interleaved;
-    const double af = rope_attention_factor(o.scaling);
-    using T = std::remove_reference_t<decltype(out(0, 0, 0, 0))>;
-    for (index_t b = 0; b < d.dims[0]; ++b)
-        for (index_t l = 0; l < d.dims[1]; ++l)
-            for (index_t h = 0; h < d.dims[2]; ++h) {
-                for (index_t e = R; e < D; ++e) out(b, l, h, e) = static_cast<T>(static_cast<double>(d(b, l, h, e)));
-                for (index_t c = 0; c < R / 2; ++c) {
-                    const double angle = static_cast<double>(position(b, l)) * rope_inv_freq(o, R, c);
-                    const index_t i1 = interleaved ? 2 * c : c;
-                    const index_t i2 = interleaved ? 2 * c + 1 : c + R / 2;
-                    const double a = static_cast<double>(d(b, l, h, i1));
-                    const double bb = static_cast<double>(d(b, l, h, i2));
-                    out(b, l, h, i1) = static_cast<T>(af * (std::cos(angle) * a + std::sin(angle) * bb));
-                    out(b, l, h, i2) = static_cast<T>(af * (-std::sin(angle) * a + std::cos(angle) * bb));
-                }
-            }
+void rope_backward_at(const G& d, O&& out, const attnkit::model::rope_options& o, Position&& position) {
+    rope_rotate("d", "rope_backward", d, std::forward<O>(out), o, std::forward<Position>(position), -1.0);
 }
 
 // Row l at o.position_offset + l.
