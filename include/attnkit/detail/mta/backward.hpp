@@ -70,6 +70,9 @@ class backward_runner {
     static constexpr index_t RT = tile_traits<A>::kTileRows;
     // The clean width's multiple: the convolution's key blocks and kTileRows divide it.
     static constexpr index_t kKeyAlign = 128;
+    // L * H below which the stages run serially (docs/benchmarks.md, "Training": at L = 56, H = 4
+    // the dispatches cost more than the work).
+    static constexpr index_t kSerialStageWork = 2048;
 
    public:
     // block_rows > 0 overrides the budgeted block height (tests: many blocks on short sequences;
@@ -90,6 +93,11 @@ class backward_runner {
         if (block_rows > 0) block_ = block_rows;
         block_ = std::min(block_, std::max<index_t>(L_, 1));
         nr_ = block_ + halo;
+        // Each stage below is one dispatch over the pool (heads or rows of a block). On short
+        // sequences a stage is a few microseconds of work, less than waking the pool's threads
+        // and waiting for them: run those on the calling thread. Every index of a stage writes
+        // its own outputs, so where it runs changes no bit.
+        if (L_ * H_ < kSerialStageWork) pool_ = nullptr;
         if (w.pre.on()) flip_pre_ = flipped(w.kq_pre, w.pre);
         if (w.post.on()) flip_post_ = flipped(w.kq_post, w.post);
         if (w.head_pre_on()) wt_pre_ = transposed(w.head_pre);
