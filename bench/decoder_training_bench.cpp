@@ -52,8 +52,8 @@ void train_step(benchmark::State& state, attention_variant v, shape s, int threa
     weight_rng rng(7);
     std::vector<std::int32_t> tokens, targets;
     for (std::int64_t i = 0; i < s.B * s.L; ++i) {
-        tokens.push_back(static_cast<std::int32_t>(static_cast<std::int64_t>(rng.uniform() * s.vocab) % s.vocab));
-        targets.push_back(static_cast<std::int32_t>(static_cast<std::int64_t>(rng.uniform() * s.vocab) % s.vocab));
+        tokens.push_back(static_cast<std::int32_t>(rng.below(s.vocab)));
+        targets.push_back(static_cast<std::int32_t>(rng.below(s.vocab)));
     }
     m.loss_and_gradients(tokens, targets, s.B, g);  // first call sizes the buffers
     opt.step(m, g);

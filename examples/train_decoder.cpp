@@ -28,30 +28,8 @@
 #include <string>
 #include <vector>
 
-namespace {
-
-using namespace attnkit::model;
-
-// Random windows of a token stream: inputs stream[s .. s + L), targets shifted by one.
-token_batch windows(const std::vector<std::int32_t>& stream, attnkit::index_t batch, attnkit::index_t L,
-                    weight_rng& rng) {
-    token_batch b;
-    b.batch = batch;
-    b.length = L;
-    const auto span = static_cast<attnkit::index_t>(stream.size()) - L - 1;
-    for (attnkit::index_t s = 0; s < batch; ++s) {
-        const auto at = static_cast<attnkit::index_t>(rng.uniform() * static_cast<double>(span + 1)) % (span + 1);
-        for (attnkit::index_t l = 0; l < L; ++l) {
-            b.tokens.push_back(stream[static_cast<std::size_t>(at + l)]);
-            b.targets.push_back(stream[static_cast<std::size_t>(at + l + 1)]);
-        }
-    }
-    return b;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
+    using namespace attnkit::model;
     decoder_config cfg;
     cfg.d_model = 64;
     cfg.layers = 2;
@@ -140,10 +118,14 @@ int main(int argc, char** argv) {
 
         weight_rng data_rng(cfg.seed + 1000);
         std::uint64_t batch_seed = cfg.seed * 7919;
-        const auto next = [&]() {
-            return data == "mqar" ? mqar_batch(mq, batch, ++batch_seed) : windows(stream, batch, length, data_rng);
+        // Next-token windows anywhere in the token file.
+        const auto window_batch = [&] {
+            return stream_windows(stream, 0, static_cast<attnkit::index_t>(stream.size()), batch, length, data_rng);
         };
-        const token_batch held_out = data == "mqar" ? mqar_batch(mq, 64, 1) : windows(stream, batch, length, data_rng);
+        const auto next = [&]() {
+            return data == "mqar" ? mqar_batch(mq, batch, ++batch_seed) : window_batch();
+        };
+        const token_batch held_out = data == "mqar" ? mqar_batch(mq, 64, 1) : window_batch();
 
         std::printf("decoder: d_model %lld, %lld layers (%s, schedule %s), %lld heads, vocab %lld, length %lld, batch %lld\n",
                     static_cast<long long>(cfg.d_model), static_cast<long long>(cfg.layers),

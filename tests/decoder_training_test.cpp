@@ -55,7 +55,7 @@ batch_data next_token_batch(index_t B, index_t L, index_t vocab, std::uint64_t s
     weight_rng rng(seed);
     batch_data b{{}, {}, B, L};
     for (index_t i = 0; i < B * (L + 1); ++i)
-        b.tokens.push_back(static_cast<std::int32_t>(static_cast<index_t>(rng.uniform() * vocab) % vocab));
+        b.tokens.push_back(static_cast<std::int32_t>(rng.below(vocab)));
     std::vector<std::int32_t> t, y;
     for (index_t s = 0; s < B; ++s)
         for (index_t l = 0; l < L; ++l) {

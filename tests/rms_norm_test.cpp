@@ -161,33 +161,12 @@ bool same_bits(const T& a, const T& b) {
     return std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(float)) == 0;
 }
 
-// The oracle against central differences of the forward oracle, through the random projection
-// loss <rms_norm(x, w), r> (whose d_out is r), for x and for the weight; rank 2 and 3, widths
-// with and without SIMD tails.
-TEST(RmsNormBackward, ReferenceMatchesFiniteDifferences) {
-    const double eps = 1e-5;
-    for (index_t d : {index_t(1), index_t(3), index_t(8), index_t(13)}) {
-        SCOPED_TRACE("d " + std::to_string(d));
-        dtensor2 x(4, d), r(4, d), dx(4, d), out(4, d);
-        dtensor1 w(d), dw(d);
-        fill_random(x, distribution::gaussian, 40 + d);
-        fill_random(w, distribution::gaussian, 41 + d);
-        fill_random(r, distribution::gaussian, 42 + d);
-        attnkit::reference::model::rms_norm_backward(x, w, r, dx, dw, eps);
-        const auto loss = [&] {
-            attnkit::reference::model::rms_norm(x, w, out, eps);
-            double l = 0.0;
-            for (index_t i = 0; i < out.size(); ++i) l += out.data()[i] * r.data()[i];
-            return l;
-        };
-        expect_gradient_matches_fd(x, dx, loss, "d_x");
-        expect_gradient_matches_fd(w, dw, loss, "d_weight");
-    }
-    Eigen::Tensor<double, 3, Eigen::RowMajor> x(2, 3, 6), r(2, 3, 6), dx(2, 3, 6), out(2, 3, 6);
-    dtensor1 w(6), dw(6);
-    fill_random(x, distribution::outliers, 50);
-    fill_random(w, distribution::uniform, 51);
-    fill_random(r, distribution::gaussian, 52);
+// The oracle's d_x and d_weight for x, w and the projection r against central differences of the
+// forward oracle through the loss <rms_norm(x, w), r> (whose d_out is r).
+template <class X>
+void expect_oracle_matches_fd(X& x, dtensor1& w, const X& r, double eps, const std::string& label) {
+    X dx = x, out = x;
+    dtensor1 dw(w.size());
     attnkit::reference::model::rms_norm_backward(x, w, r, dx, dw, eps);
     const auto loss = [&] {
         attnkit::reference::model::rms_norm(x, w, out, eps);
@@ -195,8 +174,29 @@ TEST(RmsNormBackward, ReferenceMatchesFiniteDifferences) {
         for (index_t i = 0; i < out.size(); ++i) l += out.data()[i] * r.data()[i];
         return l;
     };
-    expect_gradient_matches_fd(x, dx, loss, "d_x rank 3");
-    expect_gradient_matches_fd(w, dw, loss, "d_weight rank 3");
+    expect_gradient_matches_fd(x, dx, loss, ("d_x" + label).c_str());
+    expect_gradient_matches_fd(w, dw, loss, ("d_weight" + label).c_str());
+}
+
+// The oracle against finite differences, for x and for the weight; rank 2 and 3, widths with
+// and without SIMD tails.
+TEST(RmsNormBackward, ReferenceMatchesFiniteDifferences) {
+    const double eps = 1e-5;
+    for (index_t d : {index_t(1), index_t(3), index_t(8), index_t(13)}) {
+        SCOPED_TRACE("d " + std::to_string(d));
+        dtensor2 x(4, d), r(4, d);
+        dtensor1 w(d);
+        fill_random(x, distribution::gaussian, 40 + d);
+        fill_random(w, distribution::gaussian, 41 + d);
+        fill_random(r, distribution::gaussian, 42 + d);
+        expect_oracle_matches_fd(x, w, r, eps, "");
+    }
+    Eigen::Tensor<double, 3, Eigen::RowMajor> x(2, 3, 6), r(2, 3, 6);
+    dtensor1 w(6);
+    fill_random(x, distribution::outliers, 50);
+    fill_random(w, distribution::uniform, 51);
+    fill_random(r, distribution::gaussian, 52);
+    expect_oracle_matches_fd(x, w, r, eps, " rank 3");
 }
 
 // The error scales of the two gradients, from the inputs in double: d_x[t, c] = inv (w g -

@@ -127,6 +127,19 @@ std::vector<sweep_case> sweep_cases() {
 
 class RopeSweep : public ::testing::TestWithParam<sweep_case> {};
 
+// A kernel's rotated x (in place; `before` its input) against the oracle's ref: cos and sin are
+// rounded to float once and the rotation rounds twice, a few eps of each pair's norm (<= sqrt(2)
+// max|x|, times yarn's attention factor); the part past the rotary dim R is untouched.
+void expect_rotated_like(const tensor4<float>& x, const tensor4<double>& ref, const tensor4<float>& before, index_t D,
+                         index_t R, const rope_options& o) {
+    const double magnitude = 1.5 * max_abs(before) * attnkit::reference::model::rope_attention_factor(o.scaling);
+    EXPECT_TRUE(all_close(x, ref, tolerance_for(4, magnitude)));
+    for (index_t i = 0; i < x.size(); ++i)
+        if (i % D >= R) {
+            ASSERT_TRUE(same_bits(x.data()[i], before.data()[i])) << i;
+        }
+}
+
 TEST_P(RopeSweep, MatchesReference) {
     const sweep_case c = GetParam();
     rope_options o = with_scaling(c.scaling);
@@ -138,16 +151,7 @@ TEST_P(RopeSweep, MatchesReference) {
     attnkit::reference::model::rope(x, ref, o);
     const tensor4<float> before = x;
     attnkit::model::rope(x, o);
-    // cos and sin are rounded to float once and the rotation rounds twice: a few eps of each
-    // pair's norm (<= sqrt(2) max|x|, times yarn's attention factor).
-    const double magnitude = 1.5 * max_abs(before) * attnkit::reference::model::rope_attention_factor(o.scaling);
-    EXPECT_TRUE(all_close(x, ref, tolerance_for(4, magnitude)));
-    // The part past the rotary dim is untouched.
-    const index_t R = c.R ? c.R : c.D;
-    for (index_t i = 0; i < x.size(); ++i)
-        if (i % c.D >= R) {
-            ASSERT_TRUE(same_bits(x.data()[i], before.data()[i])) << i;
-        }
+    expect_rotated_like(x, ref, before, c.D, c.R ? c.R : c.D, o);
 }
 
 INSTANTIATE_TEST_SUITE_P(Forms, RopeSweep, ::testing::ValuesIn(sweep_cases()), [](const auto& info) {
@@ -818,14 +822,7 @@ TEST_P(RopeBackwardSweep, MatchesReference) {
         attnkit::reference::model::rope_backward(d, ref, o);
         attnkit::model::rope_backward(d, o);
     }
-    // As the forward: cos and sin rounded once, two roundings per output, of a pair's norm.
-    const double magnitude = 1.5 * max_abs(before) * attnkit::reference::model::rope_attention_factor(o.scaling);
-    EXPECT_TRUE(all_close(d, ref, tolerance_for(4, magnitude)));
-    const index_t R = c.R ? c.R : c.D;
-    for (index_t i = 0; i < d.size(); ++i)
-        if (i % c.D >= R) {
-            ASSERT_TRUE(same_bits(d.data()[i], before.data()[i])) << i;
-        }
+    expect_rotated_like(d, ref, before, c.D, c.R ? c.R : c.D, o);
 }
 
 INSTANTIATE_TEST_SUITE_P(Forms, RopeBackwardSweep, ::testing::ValuesIn(backward_cases()), [](const auto& info) {

@@ -332,7 +332,7 @@ class decoder {
         } else {
             std::vector<std::int32_t> seq = c_.fixed_sequence;
             while (static_cast<index_t>(seq.size()) < L)
-                seq.push_back(static_cast<std::int32_t>(rng.uniform() * static_cast<double>(c_.vocab)) % static_cast<std::int32_t>(c_.vocab));
+                seq.push_back(static_cast<std::int32_t>(rng.below(c_.vocab)));
             seq.resize(static_cast<std::size_t>(L));
             stream_tokens_ = std::move(seq);
         }

@@ -146,6 +146,8 @@ class weight_rng {
         s_ += 0x9e3779b97f4a7c15ULL;
         return (static_cast<double>(mix(s_) >> 11) + 0.5) / 9007199254740992.0;
     }
+    // Uniform in {0, ..., n - 1}, n >= 1 (token ids, shuffles, window starts).
+    index_t below(index_t n) { return static_cast<index_t>(uniform() * static_cast<double>(n)) % n; }
     float normal(float sigma) {
         const double r = std::sqrt(-2.0 * std::log(uniform())), a = 6.283185307179586 * uniform();
         return static_cast<float>(sigma * r * std::cos(a));

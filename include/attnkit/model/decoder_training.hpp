@@ -152,10 +152,10 @@ struct decoder::train_kit {
     }
 
     // C = op(A) op(B) (or +=), timed as GEMM, on a grid of C's blocks (gemm_blocks). A block
-    // packs its slice of op(B) once for all its rows, so blocks of 256 x 512 (not 64 x 256:
-    // 1.2-1.5x slower at d_model 512, docs/benchmarks.md "Training") unless the grid would then
-    // leave a thread idle; any grid gives the same bits (detail/gemm.hpp), so the pool's size
-    // may choose it.
+    // packs its slice of op(B) once for all its rows, so large blocks, 256 x 512 (smaller ones
+    // re-pack B more often: docs/benchmarks.md, "Training"), unless the grid would then leave a
+    // thread idle; any grid gives the same bits (detail/gemm.hpp), so the pool's size may
+    // choose it.
     void product(const tensor2& x, attnkit::detail::gemm_op ox, const tensor2& w, attnkit::detail::gemm_op ow,
                  tensor2& c, attnkit::detail::gemm_mode mode = attnkit::detail::gemm_mode::assign) {
         using attnkit::detail::matrix_ref;

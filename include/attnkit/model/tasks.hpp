@@ -47,6 +47,20 @@ struct mqar_options {
     index_t length() const { return 2 * pairs + queries; }
 };
 
+namespace detail {
+
+// A batch of `batch` sequences of length L: tokens 0, every target ignored.
+inline token_batch empty_batch(index_t batch, index_t L) {
+    token_batch b;
+    b.batch = batch;
+    b.length = L;
+    b.tokens.assign(static_cast<std::size_t>(batch * L), 0);
+    b.targets.assign(static_cast<std::size_t>(batch * L), -1);
+    return b;
+}
+
+}  // namespace detail
+
 inline token_batch mqar_batch(const mqar_options& o, index_t batch, std::uint64_t seed) {
     const index_t keys = (o.vocab - 1) / 2;  // keys 1 .. keys, values keys + 1 .. vocab - 1
     if (o.pairs < 1 || o.queries < 1 || batch < 1)
@@ -59,27 +73,22 @@ inline token_batch mqar_batch(const mqar_options& o, index_t batch, std::uint64_
                                     std::to_string(o.pairs) + " (or no values)");
     const index_t values = o.vocab - 1 - keys, L = o.length();
     weight_rng rng(seed);
-    const auto draw = [&](index_t n) { return static_cast<index_t>(rng.uniform() * static_cast<double>(n)) % n; };
-    token_batch b;
-    b.batch = batch;
-    b.length = L;
-    b.tokens.assign(static_cast<std::size_t>(batch * L), 0);
-    b.targets.assign(static_cast<std::size_t>(batch * L), -1);
+    token_batch b = detail::empty_batch(batch, L);
     std::vector<index_t> pool(static_cast<std::size_t>(keys)), order(static_cast<std::size_t>(o.pairs));
     for (index_t s = 0; s < batch; ++s) {
         std::int32_t* t = &b.tokens[static_cast<std::size_t>(s * L)];
         std::int32_t* y = &b.targets[static_cast<std::size_t>(s * L)];
         for (index_t i = 0; i < keys; ++i) pool[static_cast<std::size_t>(i)] = i;
         for (index_t i = 0; i < o.pairs; ++i) {  // a partial Fisher-Yates shuffle: distinct keys
-            std::swap(pool[static_cast<std::size_t>(i)], pool[static_cast<std::size_t>(i + draw(keys - i))]);
+            std::swap(pool[static_cast<std::size_t>(i)], pool[static_cast<std::size_t>(i + rng.below(keys - i))]);
             t[2 * i] = static_cast<std::int32_t>(1 + pool[static_cast<std::size_t>(i)]);
-            t[2 * i + 1] = static_cast<std::int32_t>(1 + keys + draw(values));
+            t[2 * i + 1] = static_cast<std::int32_t>(1 + keys + rng.below(values));
         }
         for (index_t q = 0; q < o.queries; ++q) {
             if (q % o.pairs == 0) {  // a new round of distinct pairs
                 for (index_t i = 0; i < o.pairs; ++i) order[static_cast<std::size_t>(i)] = i;
                 for (index_t i = 0; i + 1 < o.pairs; ++i)
-                    std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(i + draw(o.pairs - i))]);
+                    std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(i + rng.below(o.pairs - i))]);
             }
             const index_t p = order[static_cast<std::size_t>(q % o.pairs)];
             t[2 * o.pairs + q] = t[2 * p];
@@ -114,12 +123,7 @@ inline token_batch block_task_batch(const block_task_options& o, index_t batch, 
                                     ", batch " + std::to_string(batch));
     const index_t L = o.length(), N = o.block_size;
     weight_rng rng(seed);
-    const auto draw = [&](index_t n) { return static_cast<index_t>(rng.uniform() * static_cast<double>(n)) % n; };
-    token_batch b;
-    b.batch = batch;
-    b.length = L;
-    b.tokens.assign(static_cast<std::size_t>(batch * L), 0);
-    b.targets.assign(static_cast<std::size_t>(batch * L), -1);
+    token_batch b = detail::empty_batch(batch, L);
     std::vector<std::vector<std::int32_t>> blocks(static_cast<std::size_t>(o.blocks));
     std::vector<std::int32_t> letters(O::kLetters), q;
     for (index_t s = 0; s < batch; ++s) {
@@ -131,14 +135,14 @@ inline token_batch block_task_batch(const block_task_options& o, index_t batch, 
                 for (index_t i = 0; i < O::kLetters; ++i) letters[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
                 blk.clear();
                 for (index_t i = 0; i < N; ++i) {
-                    std::swap(letters[static_cast<std::size_t>(i)], letters[static_cast<std::size_t>(i + draw(O::kLetters - i))]);
+                    std::swap(letters[static_cast<std::size_t>(i)], letters[static_cast<std::size_t>(i + rng.below(O::kLetters - i))]);
                     blk.push_back(letters[static_cast<std::size_t>(i)]);
                 }
             }
-            target = draw(o.blocks);
+            target = rng.below(o.blocks);
             q = blocks[static_cast<std::size_t>(target)];
             for (index_t i = 0; i < o.query; ++i)
-                std::swap(q[static_cast<std::size_t>(i)], q[static_cast<std::size_t>(i + draw(N - i))]);
+                std::swap(q[static_cast<std::size_t>(i)], q[static_cast<std::size_t>(i + rng.below(N - i))]);
             q.resize(static_cast<std::size_t>(o.query));
             unique = true;
             for (index_t k = 0; k < o.blocks && unique; ++k) {
@@ -181,7 +185,7 @@ inline token_batch stream_windows(const std::vector<std::int32_t>& stream, index
     b.length = L;
     const index_t starts = end - begin - L;
     for (index_t s = 0; s < batch; ++s) {
-        const index_t at = begin + static_cast<index_t>(rng.uniform() * static_cast<double>(starts)) % starts;
+        const index_t at = begin + rng.below(starts);
         b.tokens.insert(b.tokens.end(), stream.begin() + at, stream.begin() + at + L);
         b.targets.insert(b.targets.end(), stream.begin() + at + 1, stream.begin() + at + L + 1);
     }
