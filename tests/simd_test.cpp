@@ -1018,4 +1018,20 @@ TYPED_TEST(Simd, HsumEachReducesEveryVector) {
     }
 }
 
+TYPED_TEST(Simd, TransposeExchangesRowsAndColumns) {
+    using A = TypeParam;
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    float x[64 * 64], out[64 * 64];
+    V v[64];
+    for (index_t i = 0; i < W; ++i) {
+        for (index_t l = 0; l < W; ++l) x[i * W + l] = static_cast<float>(i * 100 + l);  // every element distinct
+        v[i] = simd::loadu<A>(x + i * W);
+    }
+    simd::transpose(v);
+    for (index_t i = 0; i < W; ++i) simd::storeu(out + i * W, v[i]);
+    for (index_t i = 0; i < W; ++i)
+        for (index_t l = 0; l < W; ++l) ASSERT_EQ(out[i * W + l], x[l * W + i]) << "row " << i << " lane " << l;
+}
+
 }  // namespace

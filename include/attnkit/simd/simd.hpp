@@ -124,6 +124,15 @@ ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> swap_pairs(const xsimd::batch<float
     return kernel::swap_pairs(v, A{});
 }
 
+// v[i] lane j and v[j] lane i exchanged for the kLanes<A> vectors v[0 .. W): a W x W block
+// transposed in registers (the GEMM packs transposed operands with it; one float at a time that
+// is a strided scalar store per element). scalar_arch's single lane needs nothing.
+ATTNKIT_ALWAYS_INLINE void transpose(scalar_float*) noexcept {}
+template <class A>
+ATTNKIT_ALWAYS_INLINE void transpose(xsimd::batch<float, A>* v) noexcept {
+    kernel::transpose(v, A{});
+}
+
 // ---- reductions ----
 
 ATTNKIT_ALWAYS_INLINE float hsum(scalar_float v) noexcept { return kernel::hsum(v, scalar_arch{}); }

@@ -13,9 +13,13 @@
 //
 // Sizes per level for a Zen 2 / Skylake-class core (32 KiB L1d, 512 KiB - 1 MiB L2, MiBs of
 // L3): a B micro-panel of kc = 256 rows is 16 KiB on AVX2, half the L1 beside the A micro-panel
-// (6 KiB); AVX-512's 32-column panel keeps the same 16 KiB with kc = 128. The A block is 144
-// KiB (mc = 144 rows at kc = 256), a quarter of the L2; nc = 4096 columns make the B block
-// 4 MiB, in the L3.
+// (6 KiB). AVX-512's 32-column panel at kc = 192 is 24 KiB beside a 9 KiB A micro-panel: the
+// L1 of a Zen 4 (32 KiB) nearly full, a Sapphire Rapids' (48 KiB) two thirds; against kc = 128
+// (16 KiB) the longer chains halve the C tile's loads and stores per FMA, which made the gated
+// MLP's backward 2% and StaticEmbQK's 5% faster on the latter, about what kc = 256 (32 KiB,
+// the whole of a Zen 4's L1) gave (docs/benchmarks.md). The A block is 144 KiB (mc = 144 rows
+// at kc = 256, 192 at kc = 192), a quarter of the L2; nc = 4096 columns make the B block
+// 4 - 6 MiB, in the L3.
 //
 // Every extent is cut into near-equal pieces (ceil(n / max) pieces of ceil(n / pieces), rounded
 // to the tile) so that no piece is a sliver. K pieces depend on K only: every element of C is
@@ -36,9 +40,9 @@ template <class A>
 struct gemm_traits {
     static constexpr index_t kMR = tile_traits<A>::kMR;        // rows of a register tile
     static constexpr index_t kNR = tile_traits<A>::kTileRows;  // columns of a register tile
-    // The B micro-panel kc x kNR at most 16 KiB: kc = 256 up to 16 columns, 128 at 32.
-    static constexpr index_t kMaxKc = kNR <= 16 ? 256 : 4096 / kNR;
-    // The A block mc x kc at most 144 KiB: 144 rows at kc = 256, 288 at 128 (multiples of kMR).
+    // The B micro-panel kc x kNR: 16 KiB at kc = 256 up to 16 columns, 24 KiB at 192 for 32.
+    static constexpr index_t kMaxKc = kNR <= 16 ? 256 : 6144 / kNR;
+    // The A block mc x kc at most 144 KiB: 144 rows at kc = 256, 192 at 192 (multiples of kMR).
     static constexpr index_t kMaxMc = 36864 / kMaxKc;
     static constexpr index_t kMaxNc = 4096;  // a multiple of kNR for 8, 16 and 32
 };

@@ -225,13 +225,13 @@ void gemm_packed(const float* a, index_t lda, const float* b, index_t ldb, float
         for (index_t pc = 0; pc < K; pc += kc_max) {
             const index_t kc = K - pc < kc_max ? K - pc : kc_max;
             if (trans_b)
-                gemm_pack_b_t<T::kNR>(b + jc * ldb + pc, ldb, kc, nc, bp);
+                gemm_pack_b_t<A, T::kNR>(b + jc * ldb + pc, ldb, kc, nc, bp);
             else
                 gemm_pack_b<T::kNR>(b + pc * ldb + jc, ldb, kc, nc, bp);
             for (index_t ic = 0; ic < M; ic += mc_max) {
                 const index_t mc = M - ic < mc_max ? M - ic : mc_max;
                 if (trans_a)
-                    gemm_pack_a_t<T::kMR>(a + pc * lda + ic, lda, mc, kc, ap);
+                    gemm_pack_a_t<A, T::kMR>(a + pc * lda + ic, lda, mc, kc, ap);
                 else
                     gemm_pack_a<T::kMR>(a + ic * lda + pc, lda, mc, kc, ap);
                 gemm_macro<A>(ap, bp, mc, nc, kc, c + ic * ldc + jc, ldc, pc == 0 && !add);

@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "attnkit/config.hpp"
+#include "attnkit/simd/simd.hpp"
 
 namespace attnkit {
 namespace detail {
@@ -54,33 +55,71 @@ inline void gemm_pack_b(const float* b, index_t ldb, index_t kc, index_t nc, flo
     }
 }
 
+// Transposed operands are moved W x W floats at a time: W vectors loaded along the stored rows,
+// transposed in registers (simd::transpose), stored along the panel's rows. Element by element
+// each float would be a load and a store to a different cache line of the panel (its rows are
+// kc or kNR floats apart), which cost 15% of a gated-MLP backward whose blocks each pack their
+// own B (docs/benchmarks.md). What does not fill a W x W square (a block's last rows or
+// columns, kc % W) is copied one float at a time.
+
 // A [mc, kc] block of A = At^T, At row-major with row stride ldat (the block starts at At's
-// column i0 = 0 of the pointer given, row 0). Reads kMR consecutive floats of a row of At per
-// step (one line), writes them down a micro-panel's column.
-template <index_t kMR>
+// column i0 = 0 of the pointer given, row 0): row d of At gives column d of a micro-panel. A
+// square covers W columns of At from a micro-panel's first; kMR may be less than W (12 of 16
+// lanes, 6 of 8), and the square's extra columns, inside the block, are loaded and dropped;
+// a square that would leave the block is copied one float at a time.
+template <class A, index_t kMR>
 inline void gemm_pack_a_t(const float* at, index_t ldat, index_t mc, index_t kc, float* ATTNKIT_RESTRICT ap) {
+    constexpr index_t W = simd::kLanes<A>;
     for (index_t i0 = 0; i0 < mc; i0 += kMR, ap += kMR * kc) {
         const index_t nm = mc - i0 < kMR ? mc - i0 : kMR;
-        for (index_t d = 0; d < kc; ++d) {
-            const float* src = at + d * ldat + i0;
-            for (index_t m = 0; m < nm; ++m) ap[m * kc + d] = src[m];
-            for (index_t m = nm; m < kMR; ++m) ap[m * kc + d] = 0.0f;
+        for (index_t m0 = 0; m0 < nm; m0 += W) {
+            const index_t n = nm - m0 < W ? nm - m0 : W;
+            index_t d = 0;
+            if constexpr (W > 1) {
+                if (i0 + m0 + W <= mc)  // the square stays inside the block
+                    for (; d + W <= kc; d += W) {
+                        simd::vfloat<A> sq[W];
+                        ATTNKIT_UNROLL for (index_t r = 0; r < W; ++r)
+                            sq[r] = simd::loadu<A>(at + (d + r) * ldat + i0 + m0);
+                        simd::transpose(sq);
+                        for (index_t r = 0; r < n; ++r) simd::storeu(ap + (m0 + r) * kc + d, sq[r]);
+                    }
+            }
+            for (; d < kc; ++d)
+                for (index_t r = 0; r < n; ++r) ap[(m0 + r) * kc + d] = at[d * ldat + i0 + m0 + r];
         }
+        for (index_t m = nm; m < kMR; ++m)
+            for (index_t e = 0; e < kc; ++e) ap[m * kc + e] = 0.0f;
     }
 }
 
 // A [kc, nc] block of B = Bt^T, Bt row-major with row stride ldbt: column j of the block is the
-// contiguous row j of Bt.
-template <index_t kNR>
+// contiguous row j of Bt. Full panels (kNR a multiple of W) go by squares; the last, partial one
+// and the kc % W last rows one float at a time.
+template <class A, index_t kNR>
 inline void gemm_pack_b_t(const float* bt, index_t ldbt, index_t kc, index_t nc, float* ATTNKIT_RESTRICT bp) {
+    constexpr index_t W = simd::kLanes<A>;
+    static_assert(kNR % W == 0, "a panel is whole vectors wide");
     for (index_t j0 = 0; j0 < nc; j0 += kNR, bp += kc * kNR) {
         const index_t nn = nc - j0 < kNR ? nc - j0 : kNR;
+        index_t d = 0;
+        if constexpr (W > 1) {
+            if (nn == kNR)
+                for (; d + W <= kc; d += W)
+                    for (index_t n0 = 0; n0 < kNR; n0 += W) {
+                        simd::vfloat<A> sq[W];
+                        ATTNKIT_UNROLL for (index_t r = 0; r < W; ++r)
+                            sq[r] = simd::loadu<A>(bt + (j0 + n0 + r) * ldbt + d);
+                        simd::transpose(sq);
+                        ATTNKIT_UNROLL for (index_t r = 0; r < W; ++r) simd::storeu(bp + (d + r) * kNR + n0, sq[r]);
+                    }
+        }
         for (index_t n = 0; n < nn; ++n) {
             const float* src = bt + (j0 + n) * ldbt;
-            for (index_t d = 0; d < kc; ++d) bp[d * kNR + n] = src[d];
+            for (index_t e = d; e < kc; ++e) bp[e * kNR + n] = src[e];
         }
         for (index_t n = nn; n < kNR; ++n)
-            for (index_t d = 0; d < kc; ++d) bp[d * kNR + n] = 0.0f;
+            for (index_t e = 0; e < kc; ++e) bp[e * kNR + n] = 0.0f;
     }
 }
 

@@ -19,6 +19,7 @@
 //   (16-bit)        round-to-nearest-even and one vpmovdw (Eigen's rule, NaN to the quiet NaN
 //                   of its sign: vcvtneps2bf16 would flush subnormals).
 //   swap_pairs      one vpermilps.
+//   transpose       16 x 16 in registers: unpacks, shuffles, two rounds of vshuff32x4.
 //   narrow          two double vectors to one float vector: two vcvtpd2ps, two inserts.
 //
 // GCC 12 reports -Wmaybe-uninitialized in every caller of an AVX-512 intrinsic that passes an
@@ -152,6 +153,34 @@ ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> narrow(const xsimd::batch<double, A
     const __m512d both = _mm512_insertf64x4(_mm512_insertf64x4(_mm512_setzero_pd(), _mm256_castps_pd(_mm512_cvtpd_ps(lo)), 0),
                                             _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1);
     return xsimd::batch<float, A>(_mm512_castpd_ps(both));
+}
+
+// 16 x 16: pairs of rows interleaved, then quadruples (each 128-bit chunk a 4 x 4 block of the
+// result), then the chunks gathered by two rounds of vshuff32x4.
+template <class A>
+ATTNKIT_ALWAYS_INLINE void transpose(xsimd::batch<float, A>* v, requires_arch<avx512f>) noexcept {
+    __m512 t[16], u[16];
+    for (int k = 0; k < 8; ++k) {
+        t[2 * k] = _mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; ++k) {
+        u[4 * k + 0] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    // u[4k + j], chunk c: column 4c + j of rows 4k .. 4k + 3.
+    for (int j = 0; j < 4; ++j) {
+        const __m512 w0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88);       // k 0, 1 at chunks 0, 2
+        const __m512 w1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD);       // k 0, 1 at chunks 1, 3
+        const __m512 w2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);  // k 2, 3 at chunks 0, 2
+        const __m512 w3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);  // k 2, 3 at chunks 1, 3
+        v[j] = xsimd::batch<float, A>(_mm512_shuffle_f32x4(w0, w2, 0x88));
+        v[4 + j] = xsimd::batch<float, A>(_mm512_shuffle_f32x4(w1, w3, 0x88));
+        v[8 + j] = xsimd::batch<float, A>(_mm512_shuffle_f32x4(w0, w2, 0xDD));
+        v[12 + j] = xsimd::batch<float, A>(_mm512_shuffle_f32x4(w1, w3, 0xDD));
+    }
 }
 
 }  // namespace kernel

@@ -287,6 +287,19 @@ ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> swap_pairs(const xsimd::batch<float
 }
 
 
+// Through memory, for the architectures without a register transpose below.
+template <class A>
+ATTNKIT_ALWAYS_INLINE void transpose(xsimd::batch<float, A>* v, requires_arch<generic>) noexcept {
+    constexpr std::size_t W = xsimd::batch<float, A>::size;
+    alignas(64) float m[W * W];
+    for (std::size_t i = 0; i < W; ++i) v[i].store_aligned(m + i * W);
+    for (std::size_t i = 0; i < W; ++i) {
+        alignas(64) float c[W];
+        for (std::size_t j = 0; j < W; ++j) c[j] = m[j * W + i];
+        v[i] = xsimd::batch<float, A>::load_aligned(c);
+    }
+}
+
 }  // namespace kernel
 }  // namespace simd
 }  // namespace attnkit

@@ -11,6 +11,7 @@
 //                               shift (SSE2 has no pmovsxbd), then cvtdq2ps.
 //   load_bf16_pairs             even / odd elements by one shift and one mask per 8 elements.
 //   swap_pairs                  one shufps.
+//   transpose                   _MM_TRANSPOSE4_PS.
 //   narrow                      two double vectors to one float vector: two cvtpd2ps, one movlhps.
 // widen4 is also the building block of the AVX (no AVX2) 16-bit loads in avx.hpp.
 #pragma once
@@ -110,6 +111,16 @@ template <class A>
 ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> narrow(const xsimd::batch<double, A>& lo, const xsimd::batch<double, A>& hi,
                                                     requires_arch<sse2>) noexcept {
     return xsimd::batch<float, A>(_mm_movelh_ps(_mm_cvtpd_ps(lo), _mm_cvtpd_ps(hi)));
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE void transpose(xsimd::batch<float, A>* v, requires_arch<sse2>) noexcept {
+    __m128 r0 = v[0], r1 = v[1], r2 = v[2], r3 = v[3];
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    v[0] = r0;
+    v[1] = r1;
+    v[2] = r2;
+    v[3] = r3;
 }
 
 }  // namespace kernel
