@@ -95,6 +95,7 @@ class linear_backward_item {
         dxt_.assign(xt_.size(), 0.0f);
         vt_.assign(static_cast<std::size_t>(ld * T_), 0.0f);
         phi_.assign(static_cast<std::size_t>(FB * ld), 0.0f);
+        last_.assign(static_cast<std::size_t>(ld), 0.0f);
         dphi_.assign(phi_.size(), 0.0f);
 
         // Statistics: inv = 1 / (Z + eps) (0 for a row that sees nothing), and U = [inv dO, -inv D].
@@ -212,14 +213,24 @@ class linear_backward_item {
             for (index_t d = 0; d < D_; ++d)
                 dq_[static_cast<std::size_t>(r * D_ + d)] += dxt_[static_cast<std::size_t>(d * n + r - r0)];
     }
+    // The states grow by products with Dv columns, not T = Dv + 1: the last column (ones for the
+    // keys, -inv D for the queries) would take a whole register tile of columns of its own (65
+    // columns cost 96 on AVX-512, 72 on AVX2), so it is added beside the product, one dot per
+    // feature.
+    void add_last_column(index_t f0, index_t f1, index_t n, index_t count, const float* weights) {
+        for (index_t f = f0; f < f1; ++f)
+            S_[static_cast<std::size_t>(f * T_ + Dv_)] += simd::dot<A>(phi_.data() + (f - f0) * n, weights, count);
+    }
     // R += Phi_Q^T U for rows [r0, r1).
     void queries_enter(index_t r0, index_t r1) {
         const index_t n = pack_rows(r0, r1), m = r1 - r0;
+        for (index_t r = r0; r < r1; ++r) last_[static_cast<std::size_t>(r - r0)] = U_[static_cast<std::size_t>(r * T_ + Dv_)];
         for (index_t f0 = 0; f0 < Fp_; f0 += FB) {
             const index_t f1 = std::min(Fp_, f0 + FB);
             build_features<A>(xt_.data(), n, ft_, f0, f1, true, phi_.data());
-            gemm_on<A>({phi_.data(), f1 - f0, m, n}, gemm_op::none, u_rows(r0, r1), gemm_op::none, state_block(f0, f1),
-                       gemm_mode::add);
+            gemm_on<A>({phi_.data(), f1 - f0, m, n}, gemm_op::none, u_rows(r0, r1).col_block(0, Dv_), gemm_op::none,
+                       state_block(f0, f1).col_block(0, Dv_), gemm_mode::add);
+            add_last_column(f0, f1, n, m, last_.data());
         }
     }
     // S += Phi_K^T V~ for the keys of chunk c (summed from zero per chunk inside the GEMM's
@@ -228,11 +239,13 @@ class linear_backward_item {
         index_t n;
         const index_t nk = pack_keys(c, n);
         if (nk <= 0) return;
+        std::fill_n(last_.data(), nk, 1.0f);
         for (index_t f0 = 0; f0 < Fp_; f0 += FB) {
             const index_t f1 = std::min(Fp_, f0 + FB);
             build_features<A>(xt_.data(), n, ft_, f0, f1, false, phi_.data());
-            gemm_on<A>({phi_.data(), f1 - f0, nk, n}, gemm_op::none, {vt_.data(), nk, T_, T_}, gemm_op::none,
-                       state_block(f0, f1), gemm_mode::add);
+            gemm_on<A>({phi_.data(), f1 - f0, nk, n}, gemm_op::none, {vt_.data(), nk, Dv_, T_}, gemm_op::none,
+                       state_block(f0, f1).col_block(0, Dv_), gemm_mode::add);
+            add_last_column(f0, f1, n, nk, last_.data());
         }
     }
     // d_k, d_v of the keys of chunk c += through R (the queries that see them outside the chunk).
@@ -318,7 +331,7 @@ class linear_backward_item {
     float eps_;
     const feature_table& ft_;
     index_t b_ = 0, hk_ = 0, G_ = 1, D_ = 0, Dv_ = 0, T_ = 1, len_ = 0, Fp_ = 0;
-    std::vector<float> S_, U_, inv_, invd_, dq_, dk_, dv_, xt_, dxt_, vt_, phi_, dphi_, tq_, tk_, tv_, sa_, sb_, buf_;
+    std::vector<float> S_, U_, last_, inv_, invd_, dq_, dk_, dv_, xt_, dxt_, vt_, phi_, dphi_, tq_, tk_, tv_, sa_, sb_, buf_;
     std::vector<index_t> lo_, hi_;
 };
 
