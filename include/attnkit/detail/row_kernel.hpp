@@ -16,9 +16,9 @@
 //  - no horizontal sum per key: a step's dot products leave as vectors and are reduced together
 //    by one transposing reduction (simd::hsum_each);
 //  - K and V stored as bfloat16 or half are converted in the loads (simd/convert.hpp): half the
-//    bytes, the same float arithmetic; with GQA each converted vector serves up to four query
-//    rows of its key/value head (kGroupRows), so a head's K and V are converted once, not once
-//    per query head;
+//    bytes, the same float arithmetic; with GQA each loaded (and converted) vector serves up to
+//    four query rows of its key/value head (kGroupRows), so a head's K and V are read and
+//    converted once per step, not once per query head;
 //  - int8 K/V (attnkit/int8_kv.hpp) are widened in the loads as 16-bit ones are; a key row's
 //    scale multiplies the block's scores of that key once per row, a value row's scale the
 //    weights, so the inner loops never see a scale;
@@ -159,12 +159,13 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, index_t p_s
     }
 }
 
-// GQA: the query rows of one key/value head share every K and V row they read. With 16-bit K/V
-// the conversion of a loaded vector to float costs about as much as the FMAs it feeds, so the
-// rows of a head are taken RB at a time against each loaded vector (kGroupRows). Float K/V gain
-// nothing from it: their vectors are used as loaded, and the loads are the same in number.
+// GQA: the query rows of one key/value head share every K and V row they read, so the rows of a
+// head are taken RB at a time against each loaded vector (kGroupRows). With 16-bit or int8 K/V
+// that saves the conversion of each vector per row, which costs about as much as the FMAs it
+// feeds; with float K/V it saves the reloads and the per-row reductions and output passes: GQA
+// 32/8 float decode 5-9% faster on one AVX-512 core, 1-6% on two (docs/benchmarks.md).
 template <class A, class T>
-constexpr bool kGroupRows = !std::is_same<T, float>::value && !std::is_same<A, simd::scalar_arch>::value;
+constexpr bool kGroupRows = !std::is_same<A, simd::scalar_arch>::value;
 
 // out[r * out_row + u * out_stride] = <q_r, k_u> (q_r = q + r * q_stride) for RB rows and
 // kRowScoreKeys keys: the keys in passes of KS, so that the RB * KS accumulators of a pass
