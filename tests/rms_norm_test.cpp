@@ -52,7 +52,8 @@ TEST_P(RmsNormWidths, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Widths, RmsNormWidths,
                          ::testing::Values(index_t(1), W - 1 > 0 ? W - 1 : 2, W, W + 1, 2 * W, 2 * W + 1, 3 * W + 2,
                                            index_t(13), index_t(896), index_t(4099)),
-                         [](const auto& info) { return "d" + std::to_string(info.param); });
+                         // The index keeps names unique where widths coincide (W = 1: the scalar build).
+                         [](const auto& info) { return "d" + std::to_string(info.param) + "_" + std::to_string(info.index); });
 
 // Scale: rows of |x| ~ 1e20 (squares past FLT_MAX) and ~1e-20 normalise as the oracle does at
 // every width, the SIMD one (d >= 2 W) included; they used to give 0 there while shorter rows,
@@ -269,7 +270,8 @@ INSTANTIATE_TEST_SUITE_P(Widths, RmsNormBackwardWidths,
                          ::testing::Values(index_t(1), index_t(2), index_t(3), index_t(4), index_t(7), index_t(8),
                                            index_t(9), index_t(15), index_t(16), index_t(17), index_t(31),
                                            index_t(33), index_t(64), index_t(100), index_t(128), index_t(896)),
-                         [](const auto& info) { return "d" + std::to_string(info.param); });
+                         // The index keeps names unique where widths coincide (W = 1: the scalar build).
+                         [](const auto& info) { return "d" + std::to_string(info.param) + "_" + std::to_string(info.index); });
 
 // Rows of |x| ~ 1e20 and ~1e-20 (squares and inv^2 out of float range) against the oracle; the
 // normalised row keeps the gradient in range at every scale.
