@@ -136,21 +136,17 @@ ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> narrow(const xsimd::batch<double, A
         _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1));
 }
 
-// 8 x 8: pairs of rows interleaved, then quadruples, each 128-bit half holding a 4 x 4 block of
-// the result; the halves are exchanged last.
+// 8 x 8: transpose_quads leaves each 128-bit half a 4 x 4 block of the result; the halves are
+// exchanged last.
 template <class A>
 ATTNKIT_ALWAYS_INLINE void transpose(xsimd::batch<float, A>* v, requires_arch<avx>) noexcept {
-    __m256 t[8], u[8];
-    for (int k = 0; k < 4; ++k) {
-        t[2 * k] = _mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]);
-        t[2 * k + 1] = _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]);
-    }
-    for (int k = 0; k < 2; ++k) {
-        u[4 * k + 0] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
+    __m256 r[8], u[8];
+    for (int i = 0; i < 8; ++i) r[i] = v[i];
+    transpose_quads<8>(
+        r, u, [](__m256 a, __m256 b) { return _mm256_unpacklo_ps(a, b); },
+        [](__m256 a, __m256 b) { return _mm256_unpackhi_ps(a, b); },
+        [](__m256 a, __m256 b) { return _mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)); },
+        [](__m256 a, __m256 b) { return _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)); });
     for (int j = 0; j < 4; ++j) {
         v[j] = xsimd::batch<float, A>(_mm256_permute2f128_ps(u[j], u[4 + j], 0x20));
         v[4 + j] = xsimd::batch<float, A>(_mm256_permute2f128_ps(u[j], u[4 + j], 0x31));

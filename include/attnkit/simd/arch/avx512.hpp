@@ -155,21 +155,17 @@ ATTNKIT_ALWAYS_INLINE xsimd::batch<float, A> narrow(const xsimd::batch<double, A
     return xsimd::batch<float, A>(_mm512_castpd_ps(both));
 }
 
-// 16 x 16: pairs of rows interleaved, then quadruples (each 128-bit chunk a 4 x 4 block of the
-// result), then the chunks gathered by two rounds of vshuff32x4.
+// 16 x 16: transpose_quads leaves each 128-bit chunk a 4 x 4 block of the result; two rounds of
+// vshuff32x4 gather the chunks.
 template <class A>
 ATTNKIT_ALWAYS_INLINE void transpose(xsimd::batch<float, A>* v, requires_arch<avx512f>) noexcept {
-    __m512 t[16], u[16];
-    for (int k = 0; k < 8; ++k) {
-        t[2 * k] = _mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]);
-        t[2 * k + 1] = _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]);
-    }
-    for (int k = 0; k < 4; ++k) {
-        u[4 * k + 0] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
+    __m512 r[16], u[16];
+    for (int i = 0; i < 16; ++i) r[i] = v[i];
+    transpose_quads<16>(
+        r, u, [](__m512 a, __m512 b) { return _mm512_unpacklo_ps(a, b); },
+        [](__m512 a, __m512 b) { return _mm512_unpackhi_ps(a, b); },
+        [](__m512 a, __m512 b) { return _mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)); },
+        [](__m512 a, __m512 b) { return _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)); });
     // u[4k + j], chunk c: column 4c + j of rows 4k .. 4k + 3.
     for (int j = 0; j < 4; ++j) {
         const __m512 w0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88);       // k 0, 1 at chunks 0, 2

@@ -53,6 +53,26 @@ namespace kernel {
 // A kernel's last parameter: the most derived tag that has an overload wins.
 template <class A>
 using requires_arch = const A&;
+
+// The first two rounds of an N x N register transpose (AVX's 8 and AVX-512's 16 rows, N a
+// multiple of 4), on the intrinsics given: rows paired by lo / hi (unpacklo / unpackhi), then
+// pairs of pairs by even / odd (shuffles taking lanes 0-1 / 2-3 of each), so that in u[4k + j]
+// each 128-bit chunk c holds column 4c + j of rows 4k .. 4k + 3. What joins the chunks differs
+// by width and stays with each kernel.
+template <int N, class R, class Lo, class Hi, class Even, class Odd>
+ATTNKIT_ALWAYS_INLINE void transpose_quads(const R* v, R* u, Lo lo, Hi hi, Even even, Odd odd) noexcept {
+    R t[N];
+    for (int k = 0; k < N / 2; ++k) {
+        t[2 * k] = lo(v[2 * k], v[2 * k + 1]);
+        t[2 * k + 1] = hi(v[2 * k], v[2 * k + 1]);
+    }
+    for (int k = 0; k < N / 4; ++k) {
+        u[4 * k + 0] = even(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 1] = odd(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 2] = even(t[4 * k + 1], t[4 * k + 3]);
+        u[4 * k + 3] = odd(t[4 * k + 1], t[4 * k + 3]);
+    }
+}
 }  // namespace kernel
 
 }  // namespace simd
