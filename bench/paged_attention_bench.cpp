@@ -25,8 +25,11 @@
 //                      the timed loop, and appended again each iteration (it writes the same rows)
 //   kv_append_rope_cached  the same with a model::rope_cache: the case of every append after the
 //                      first of a step in a decoder whose layers share one cache
-// dtype (the K/V storage) f32, bf16 or f16; q, out, k_new, v_new are float.
-// Counters: decode GB/s = K + V bytes of every sequence read per second (as stored), bw_frac =
+// dtype (the K/V storage) f32, bf16 or f16, and for the decode families i8 (int8_kv: values and a
+// float scale per row, packed [Tk, Hk] and paged [P, 64, Hk]; unowned rows' scales 1e30); q, out,
+// k_new, v_new are float.
+// Counters: decode GB/s = K + V bytes of every sequence read per second (as stored, int8 with its
+// scales), bw_frac =
 // that over the 8-stream DRAM read bandwidth measured in the same run with as many threads
 // (common/bench_main.hpp); the K/V (260K keys x 8 heads x 128 x 2: 2 GiB in float) is far larger
 // than the last-level cache, so every call streams it from DRAM. Prefill FLOP/s, peak_frac,
@@ -35,7 +38,8 @@
 // 192-256 KiB stay in cache between iterations, so the rate measures the call's fixed costs (RoPE
 // angles and table, checks, page lookups) against a memory-speed pass.
 // Checks after each timed loop (SkipWithError on a mismatch): decode, one call's first two
-// sequences against reference::paged_attention / reference::softmax_attention_varlen (double),
+// sequences against reference::paged_attention / reference::softmax_attention_varlen (double;
+// int8, the varlen oracle on the packed values and scales for both layouts),
 // and paged_decode's whole output bitwise against one softmax_attention_varlen call on the
 // packed copy (paged_attention.hpp promises that); prefill, the first two prompts' query heads of
 // KV head 0 against reference::softmax_attention_varlen; append, every written K row against the
@@ -85,8 +89,15 @@ constexpr head_config kHeadConfigs[] = {{32, 8}, {8, 8}};
 
 template <class T>
 const char* dtype_name() {
-    return std::is_same<T, float>::value ? "f32" : std::is_same<T, Eigen::bfloat16>::value ? "bf16" : "f16";
+    return std::is_same<T, float>::value             ? "f32"
+           : std::is_same<T, Eigen::bfloat16>::value ? "bf16"
+           : std::is_same<T, std::int8_t>::value     ? "i8"
+                                                     : "f16";
 }
+template <class T>
+constexpr bool kInt8 = std::is_same<T, std::int8_t>::value;
+template <class T>
+using tensor2 = Eigen::Tensor<T, 2, Eigen::RowMajor>;
 
 // ---------------------------------------------------------------------------------------------
 // Shapes.
@@ -143,6 +154,18 @@ void fill_uniform(T* p, index_t n, std::uint64_t seed) {
     uniform_rng g(seed);
     for (index_t i = 0; i < n; ++i) p[i] = T(g.next());
 }
+// int8 values: the whole range [-127, 127] (with row scales of about 1/127, entries in [-1, 1]
+// as the float inputs).
+template <>
+void fill_uniform<std::int8_t>(std::int8_t* p, index_t n, std::uint64_t seed) {
+    uniform_rng g(seed);
+    for (index_t i = 0; i < n; ++i) p[i] = static_cast<std::int8_t>(std::lround(127.0f * g.next()));
+}
+// Row scales of int8 K/V: (1 + u / 2) / 127, u uniform in [-1, 1).
+void fill_scales(float* p, index_t n, std::uint64_t seed) {
+    uniform_rng g(seed);
+    for (index_t i = 0; i < n; ++i) p[i] = (1.0f + 0.5f * g.next()) / 127.0f;
+}
 
 // The benchmarks' large inputs live in one slot: building another releases the previous one
 // (decode K/V are 1-2 GiB per layout) and the DRAM probes' stream buffer.
@@ -170,12 +193,15 @@ F& fixture_for(const std::string& key, Build build) {
 }
 
 // The decode batch in both layouts: packed [Tk, Hk, D] and pages [P, 64, Hk, D] in a scrambled
-// order, with the same values.
+// order, with the same values; int8 K/V also their row scales, packed [Tk, Hk] and paged
+// [P, 64, Hk] (empty for the other types).
 template <class T>
 struct decode_batch : fixture {
     std::vector<std::int64_t> lengths, cu_k, cu_q;
     tensor3<T> k, v;
     tensor4<T> k_pages, v_pages;
+    tensor2<float> k_scales, v_scales;
+    tensor3<float> k_scale_pages, v_scale_pages;
     attnkit::paged_kv kv;
 };
 
@@ -192,6 +218,12 @@ std::unique_ptr<fixture> make_decode_batch() {
     d->v = tensor3<T>(Tk, kHk, kD);
     fill_uniform(d->k.data(), d->k.size(), 11);
     fill_uniform(d->v.data(), d->v.size(), 12);
+    if (kInt8<T>) {
+        d->k_scales = tensor2<float>(Tk, kHk);
+        d->v_scales = tensor2<float>(Tk, kHk);
+        fill_scales(d->k_scales.data(), d->k_scales.size(), 14);
+        fill_scales(d->v_scales.data(), d->v_scales.size(), 15);
+    }
 
     index_t used = 0, most = 0;
     for (const std::int64_t n : d->lengths) {
@@ -211,7 +243,23 @@ std::unique_ptr<fixture> make_decode_batch() {
     d->k_pages = tensor4<T>(P, kPageRows, kHk, kD);
     d->v_pages = tensor4<T>(P, kPageRows, kHk, kD);
     const index_t row = kHk * kD, page = kPageRows * row;
-    const T nan = T(std::numeric_limits<float>::quiet_NaN());
+    // Rows no sequence owns are NaN, so a kernel that read one would fail the check. int8 values
+    // have no NaN and the scales must be finite (checked): their scales are 1e30 instead, which
+    // overflows any score or output that reads them.
+    const T nan = kInt8<T> ? T(127) : T(std::numeric_limits<float>::quiet_NaN());
+    const float nan_scale = 1e30f;
+    const index_t srow = kHk, spage = kPageRows * srow;
+    if (kInt8<T>) {
+        d->k_scale_pages = tensor3<float>(P, kPageRows, kHk);
+        d->v_scale_pages = tensor3<float>(P, kPageRows, kHk);
+    }
+    auto scales_into = [&](index_t at, index_t src_row, index_t rows) {
+        if (!kInt8<T>) return;
+        std::copy_n(d->k_scales.data() + src_row * srow, rows * srow, d->k_scale_pages.data() + at * spage);
+        std::copy_n(d->v_scales.data() + src_row * srow, rows * srow, d->v_scale_pages.data() + at * spage);
+        std::fill_n(d->k_scale_pages.data() + at * spage + rows * srow, (kPageRows - rows) * srow, nan_scale);
+        std::fill_n(d->v_scale_pages.data() + at * spage + rows * srow, (kPageRows - rows) * srow, nan_scale);
+    };
     std::size_t next = 0;
     for (std::size_t b = 0; b < B; ++b)
         for (index_t pg = 0; pg * kPageRows < d->lengths[b]; ++pg) {
@@ -223,10 +271,12 @@ std::unique_ptr<fixture> make_decode_batch() {
             std::copy_n(d->v.data() + src, rows * row, d->v_pages.data() + at * page);
             std::fill_n(d->k_pages.data() + at * page + rows * row, (kPageRows - rows) * row, nan);
             std::fill_n(d->v_pages.data() + at * page + rows * row, (kPageRows - rows) * row, nan);
+            scales_into(at, d->cu_k[b] + pg * kPageRows, rows);
         }
     for (; next < order.size(); ++next) {
         std::fill_n(d->k_pages.data() + order[next] * page, page, nan);
         std::fill_n(d->v_pages.data() + order[next] * page, page, nan);
+        scales_into(order[next], 0, 0);
     }
     return d;
 }
@@ -257,7 +307,15 @@ std::string check_decode(const decode_batch<T>& d, const tensor3<float>& q, cons
     attnkit::softmax_options o = opts;
     o.pool = nullptr;
     std::vector<std::int64_t> cu_q(d.cu_q.begin(), d.cu_q.begin() + n + 1);
-    if (paged) {
+    if constexpr (kInt8<T>) {
+        // One oracle for both layouts: the pages hold the packed rows' values and scales.
+        std::vector<std::int64_t> cu_k(d.cu_k.begin(), d.cu_k.begin() + n + 1);
+        const attnkit::view<const T, 3> k2(d.k.data(), {cu_k.back(), kHk, kD}), v2(d.v.data(), {cu_k.back(), kHk, kD});
+        const attnkit::view<const float, 2> ks2(d.k_scales.data(), {cu_k.back(), kHk}),
+            vs2(d.v_scales.data(), {cu_k.back(), kHk});
+        attnkit::reference::softmax_attention_varlen(q2, attnkit::int8_kv(k2, ks2), attnkit::int8_kv(v2, vs2), cu_q,
+                                                     cu_k, ref, o);
+    } else if (paged) {
         attnkit::paged_kv sub;
         sub.cu_seqlens_q = cu_q;
         sub.seq_lengths.assign(d.lengths.begin(), d.lengths.begin() + n);
@@ -287,11 +345,20 @@ void BM_decode(benchmark::State& state, bool paged, head_config hc, int threads)
     attnkit::softmax_options opts;
     opts.causal = true;  // bottom-right: the step's one query sees its whole sequence either way
     opts.pool = shared_pool(threads);
-    auto call = [&](tensor3<float>& o) {
-        if (paged)
-            attnkit::paged_attention(q, d.k_pages, d.v_pages, d.kv, o, opts);
+    auto packed_call = [&](tensor3<float>& o) {
+        if constexpr (kInt8<T>)
+            attnkit::softmax_attention_varlen(q, attnkit::int8_kv(d.k, d.k_scales), attnkit::int8_kv(d.v, d.v_scales),
+                                              d.cu_q, d.cu_k, o, opts);
         else
             attnkit::softmax_attention_varlen(q, d.k, d.v, d.cu_q, d.cu_k, o, opts);
+    };
+    auto call = [&](tensor3<float>& o) {
+        if (!paged) return packed_call(o);
+        if constexpr (kInt8<T>)
+            attnkit::paged_attention(q, attnkit::int8_kv(d.k_pages, d.k_scale_pages),
+                                     attnkit::int8_kv(d.v_pages, d.v_scale_pages), d.kv, o, opts);
+        else
+            attnkit::paged_attention(q, d.k_pages, d.v_pages, d.kv, o, opts);
     };
     try {
         const auto t0 = clock_type::now();
@@ -303,12 +370,14 @@ void BM_decode(benchmark::State& state, bool paged, head_config hc, int threads)
         std::string why = check_decode(d, q, out, paged, opts);
         if (why.empty() && paged) {
             tensor3<float> packed(B, hc.H, kD);
-            attnkit::softmax_attention_varlen(q, d.k, d.v, d.cu_q, d.cu_k, packed, opts);
+            packed_call(packed);
             if (std::memcmp(packed.data(), out.data(), sizeof(float) * static_cast<std::size_t>(out.size())) != 0)
                 why = "paged_attention is not bitwise softmax_attention_varlen on the packed keys";
         }
         if (!why.empty()) return state.SkipWithError(why.c_str());
-        const double bytes = 2.0 * static_cast<double>(total(d.lengths) * kHk * kD) * sizeof(T);
+        // As stored: int8 rows also read their float scale.
+        const double row_bytes = static_cast<double>(kD * sizeof(T) + (kInt8<T> ? sizeof(float) : 0));
+        const double bytes = 2.0 * static_cast<double>(total(d.lengths) * kHk) * row_bytes;
         const double iters = static_cast<double>(state.iterations());
         state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
         state.counters["bw_frac"] = bytes * iters / seconds / dram_read_bandwidth(threads);
@@ -551,6 +620,7 @@ void register_all() {
     register_decode<float>();
     register_decode<Eigen::bfloat16>();
     register_decode<Eigen::half>();
+    register_decode<std::int8_t>();
     const std::vector<std::int64_t> lengths = prefill_lengths();
     for (head_config hc : kHeadConfigs)
         for (int t : kThreadCounts)

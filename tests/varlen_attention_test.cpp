@@ -1,7 +1,7 @@
 // attnkit::softmax_attention_varlen against per-sequence calls of the reference: prompts of
 // ragged lengths, chunked prefill (a chunk after its cached prefix), speculative decoding (a few
 // tokens after a cache), decode steps, with causal, window, chunk, softcap, sinks and GQA; 16-bit
-// K/V; lengths around the kernels' block edges (64-key row blocks, 96-key tiles, split-KV);
+// and int8 K/V; lengths around the kernels' block edges (64-key row blocks, 96-key tiles, split-KV);
 // empty sequences; thread counts bitwise; errors before anything is written.
 #include "attnkit/varlen_attention.hpp"
 
@@ -61,13 +61,7 @@ std::ostream& operator<<(std::ostream& os, const varlen_case& c) { return os << 
 
 class varlen : public ::testing::TestWithParam<varlen_case> {};
 
-template <class T>
-void check_against_reference(const varlen_case& c) {
-    const auto cu_q = offsets(c.q_len), cu_k = offsets(c.k_len);
-    const index_t Tq = cu_q.back(), Tk = cu_k.back();
-    const auto q = random_packed<float>(Tq, c.heads, c.dim, 11);
-    const auto k = random_packed<T>(Tk, c.heads_kv, c.dim, 12);
-    const auto v = random_packed<T>(Tk, c.heads_kv, c.dim, 13);
+softmax_options options_of(const varlen_case& c) {
     softmax_options o;
     o.causal = c.causal;
     o.window_left = c.window;
@@ -76,19 +70,22 @@ void check_against_reference(const varlen_case& c) {
     if (c.sinks)
         for (index_t h = 0; h < c.heads; ++h)
             o.sinks.push_back(0.25f * static_cast<float>(h) - 0.5f);
+    return o;
+}
 
+// fast(out, lse, opts) against ref(out, lse, opts) in double within the bound of a score of at
+// most `magnitude`; then fast on three threads, bitwise.
+template <class Fast, class Ref>
+void compare_runs(const varlen_case& c, index_t Tq, const softmax_options& o, double magnitude, Fast&& fast,
+                  Ref&& ref) {
     packed<float> out(Tq, c.heads, c.dim);
     lse2 lse(Tq, c.heads);
     out.setConstant(7.0f);
-    attnkit::softmax_attention_varlen(q, k, v, cu_q, cu_k, out, lse, o);
+    fast(out, lse, o);
     packed<double> ro(Tq, c.heads, c.dim);
     Eigen::Tensor<double, 2, Eigen::RowMajor> rl(Tq, c.heads);
-    attnkit::reference::softmax_attention_varlen(q, k, v, cu_q, cu_k, ro, rl, o);
-
-    // |q|, |k| <= sqrt(D) for uniform [-1, 1] values: the attention_magnitude bound.
-    const double scale = 1.0 / std::sqrt(static_cast<double>(c.dim));
-    const double magnitude = 1.0 + scale * static_cast<double>(c.dim);
-    // The reference reads the same stored (16-bit) values, so one tolerance serves every type.
+    ref(ro, rl, o);
+    // The reference reads the same stored (16-bit or int8) values, so one tolerance serves every type.
     EXPECT_TRUE(all_close(out, ro, tolerance_for(64.0, magnitude)));
     EXPECT_TRUE(all_close(lse, rl, tolerance_for(64.0, magnitude), true));
 
@@ -98,11 +95,61 @@ void check_against_reference(const varlen_case& c) {
     o3.pool = &pool;
     packed<float> out3(Tq, c.heads, c.dim);
     lse2 lse3(Tq, c.heads);
-    attnkit::softmax_attention_varlen(q, k, v, cu_q, cu_k, out3, lse3, o3);
+    fast(out3, lse3, o3);
     EXPECT_EQ(0, std::memcmp(out.data(), out3.data(),
                              sizeof(float) * static_cast<std::size_t>(out.size())));
     EXPECT_EQ(0, std::memcmp(lse.data(), lse3.data(),
                              sizeof(float) * static_cast<std::size_t>(lse.size())));
+}
+
+template <class T>
+void check_against_reference(const varlen_case& c) {
+    const auto cu_q = offsets(c.q_len), cu_k = offsets(c.k_len);
+    const index_t Tq = cu_q.back(), Tk = cu_k.back();
+    const auto q = random_packed<float>(Tq, c.heads, c.dim, 11);
+    const auto k = random_packed<T>(Tk, c.heads_kv, c.dim, 12);
+    const auto v = random_packed<T>(Tk, c.heads_kv, c.dim, 13);
+    // |q|, |k| <= sqrt(D) for uniform [-1, 1] values: the attention_magnitude bound.
+    const double magnitude = 1.0 + static_cast<double>(c.dim) / std::sqrt(static_cast<double>(c.dim));
+    compare_runs(
+        c, Tq, options_of(c), magnitude,
+        [&](packed<float>& out, lse2& lse, const softmax_options& o) {
+            attnkit::softmax_attention_varlen(q, k, v, cu_q, cu_k, out, lse, o);
+        },
+        [&](packed<double>& out, Eigen::Tensor<double, 2, Eigen::RowMajor>& lse, const softmax_options& o) {
+            attnkit::reference::softmax_attention_varlen(q, k, v, cu_q, cu_k, out, lse, o);
+        });
+}
+
+// Packed int8 K/V: random values in [-127, 127] and row scales in [0.5, 1.5] / 127, so that the
+// dequantised entries stay within [-1.5, 1.5].
+void check_int8_against_reference(const varlen_case& c) {
+    const auto cu_q = offsets(c.q_len), cu_k = offsets(c.k_len);
+    const index_t Tq = cu_q.back(), Tk = cu_k.back();
+    const auto q = random_packed<float>(Tq, c.heads, c.dim, 11);
+    packed<std::int8_t> kq(Tk, c.heads_kv, c.dim), vq(Tk, c.heads_kv, c.dim);
+    Eigen::Tensor<float, 2, Eigen::RowMajor> ks(Tk, c.heads_kv), vs(Tk, c.heads_kv);
+    const auto kr = random_packed<float>(Tk, c.heads_kv, c.dim, 12), vr = random_packed<float>(Tk, c.heads_kv, c.dim, 13);
+    const auto sr = random_packed<float>(Tk, c.heads_kv, 2, 14);
+    for (index_t j = 0; j < Tk; ++j)
+        for (index_t h = 0; h < c.heads_kv; ++h) {
+            ks(j, h) = (1.0f + 0.5f * sr(j, h, 0)) / 127.0f;
+            vs(j, h) = (1.0f + 0.5f * sr(j, h, 1)) / 127.0f;
+            for (index_t d = 0; d < c.dim; ++d) {
+                kq(j, h, d) = static_cast<std::int8_t>(std::lround(127.0f * kr(j, h, d)));
+                vq(j, h, d) = static_cast<std::int8_t>(std::lround(127.0f * vr(j, h, d)));
+            }
+        }
+    const attnkit::int8_kv k8(kq, ks), v8(vq, vs);
+    const double magnitude = 1.0 + 1.5 * static_cast<double>(c.dim) / std::sqrt(static_cast<double>(c.dim));
+    compare_runs(
+        c, Tq, options_of(c), magnitude,
+        [&](packed<float>& out, lse2& lse, const softmax_options& o) {
+            attnkit::softmax_attention_varlen(q, k8, v8, cu_q, cu_k, out, lse, o);
+        },
+        [&](packed<double>& out, Eigen::Tensor<double, 2, Eigen::RowMajor>& lse, const softmax_options& o) {
+            attnkit::reference::softmax_attention_varlen(q, k8, v8, cu_q, cu_k, out, lse, o);
+        });
 }
 
 TEST_P(varlen, float_matches_per_sequence_reference) { check_against_reference<float>(GetParam()); }
@@ -112,6 +159,7 @@ TEST_P(varlen, bfloat16_matches_per_sequence_reference) {
 TEST_P(varlen, half_matches_per_sequence_reference) {
     check_against_reference<Eigen::half>(GetParam());
 }
+TEST_P(varlen, int8_matches_per_sequence_reference) { check_int8_against_reference(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(
     cases, varlen,
@@ -202,6 +250,45 @@ TEST(varlen_errors, rejected_before_anything_is_written) {
                      q, k, v, {0, 10}, {0, 12},
                      attnkit::view<float, 3>(const_cast<float*>(k.data()), {10, 2, 8}), o),
                  std::invalid_argument);
+}
+
+// int8 K/V: a batched int8_kv (B > 1) is not a packed one; a non-finite scale, bad offsets and
+// an lse over the scales are refused, and out is untouched.
+TEST(varlen_errors, int8_rejected_before_anything_is_written) {
+    const auto q = random_packed<float>(10, 2, 8, 1);
+    packed<std::int8_t> kq(12, 1, 8), vq(12, 1, 8);
+    kq.setConstant(3);
+    vq.setConstant(-2);
+    Eigen::Tensor<float, 2, Eigen::RowMajor> ks(12, 1), vs(12, 1);
+    ks.setConstant(0.01f);
+    vs.setConstant(0.02f);
+    packed<float> out(10, 2, 8);
+    out.setConstant(5.0f);
+    const attnkit::int8_kv k8(kq, ks), v8(vq, vs);
+    const softmax_options o;
+    auto expect_rejected = [&](auto&& call, const char* what) {
+        expect_invalid(call, what);
+        EXPECT_TRUE(all_equal_to(out, 5.0f));
+    };
+    // Batched int8 K/V [2, 6, 1, 8] over the same memory.
+    const attnkit::view<const std::int8_t, 4> kb(kq.data(), {2, 6, 1, 8});
+    const attnkit::view<const float, 3> kbs(ks.data(), {2, 6, 1});
+    const attnkit::int8_kv k_batched(kb, kbs);
+    expect_rejected([&] { attnkit::softmax_attention_varlen(q, k_batched, v8, {0, 10}, {0, 12}, out, o); },
+                    "k: softmax_attention_varlen takes packed int8 K/V");
+    Eigen::Tensor<float, 2, Eigen::RowMajor> bad = ks;
+    bad(7, 0) = std::nanf("");
+    const attnkit::int8_kv k_nan(kq, bad);
+    expect_rejected([&] { attnkit::softmax_attention_varlen(q, k_nan, v8, {0, 4, 10}, {0, 5, 12}, out, o); },
+                    "k.scales");
+    expect_rejected([&] { attnkit::softmax_attention_varlen(q, k8, v8, {0, 4, 10}, {0, 5, 11}, out, o); },
+                    "cu_seqlens_k: the last offset must be the row count of k");
+    lse2 lse_on_scales(12, 1);
+    EXPECT_THROW(attnkit::softmax_attention_varlen(
+                     q, k8, v8, {0, 10}, {0, 12}, out,
+                     attnkit::view<float, 2>(const_cast<float*>(vs.data()), {10, 2}), o),
+                 std::invalid_argument);
+    EXPECT_TRUE(all_equal_to(out, 5.0f));
 }
 
 }  // namespace

@@ -40,24 +40,43 @@
 namespace attnkit {
 
 // int8 K or V as attention takes them: values [B, L, Hk, D] (the last dimension contiguous,
-// other strides free, as any K/V view) and scales [B, L, Hk] (any strides). Holds views, not
-// data.
+// other strides free, as any K/V view) and scales [B, L, Hk] (any strides); or, for the packed
+// rows of softmax_attention_varlen, values [T, Hk, D] and scales [T, Hk], held as a batch of one.
+// Holds views, not data.
 class int8_kv {
    public:
     template <class Values, class Scales>
     int8_kv(const Values& values, const Scales& scales)
-        : values_(detail::input_view<4>("values", values, "[B, L, Hk, D]")),
-          scales_(detail::input_view<3>("scales", scales, "[B, L, Hk]")) {
+        : values_(values_view(values)), scales_(scales_view<Values>(scales)) {
         static_assert(std::is_same<detail::scalar_of<Values>, std::int8_t>::value,
-                      "attnkit::int8_kv: values must be a std::int8_t tensor [B, L, Hk, D]");
+                      "attnkit::int8_kv: values must be a std::int8_t tensor [B, L, Hk, D] (or packed [T, Hk, D])");
         static_assert(std::is_same<detail::scalar_of<Scales>, float>::value,
-                      "attnkit::int8_kv: scales must be a float tensor [B, L, Hk]");
+                      "attnkit::int8_kv: scales must be a float tensor [B, L, Hk] (or packed [T, Hk])");
     }
 
     const view<const std::int8_t, 4>& values() const noexcept { return values_; }
     const view<const float, 3>& scales() const noexcept { return scales_; }
 
    private:
+    template <class X>
+    static constexpr bool kPacked = detail::tensor_traits<std::decay_t<X>>::kRank == 3;
+
+    // Rank 3 values take rank 2 scales, rank 4 take rank 3 (input_view's static_assert names a
+    // mismatch as a wrong rank).
+    template <class Values>
+    static view<const std::int8_t, 4> values_view(const Values& values) {
+        if constexpr (kPacked<Values>)
+            return detail::as_batch_of_one(detail::input_view<3>("values", values, "[T, Hk, D]"));
+        else
+            return detail::input_view<4>("values", values, "[B, L, Hk, D]");
+    }
+    template <class Values, class Scales>
+    static view<const float, 3> scales_view(const Scales& scales) {
+        if constexpr (kPacked<Values>)
+            return detail::as_batch_of_one(detail::input_view<2>("scales", scales, "[T, Hk]"));
+        else
+            return detail::input_view<3>("scales", scales, "[B, L, Hk]");
+    }
     view<const std::int8_t, 4> values_;
     view<const float, 3> scales_;
 };

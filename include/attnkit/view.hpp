@@ -218,6 +218,17 @@ auto dims_of(const X& x) {
 template <class X>
 using scalar_of = std::remove_const_t<typename tensor_traits<std::decay_t<X>>::element>;
 
+// A packed [T, ...] view as the [1, T, ...] view the engine and its checks take (the varlen
+// entry points, packed int8 K/V): the batch stride spans the whole view.
+template <class T, int N>
+view<T, N + 1> as_batch_of_one(const view<T, N>& x) {
+    std::array<index_t, N + 1> dims{}, strides{};
+    dims[0] = 1;
+    strides[0] = x.dims[0] * x.strides[0];
+    for (int i = 0; i < N; ++i) dims[i + 1] = x.dims[i], strides[i + 1] = x.strides[i];
+    return view<T, N + 1>(x.data, dims, strides);
+}
+
 // For entry points that accept several ranks (gated_mlp: [N, d] or [B, L, d]) and so check the
 // rank at run time; fixed-rank arguments go through input_view / output_view below instead.
 template <class X>

@@ -18,18 +18,6 @@
 namespace attnkit {
 namespace detail {
 
-// A rank-3 [T, H, D] view as the rank-4 [1, T, H, D] view the engine and its checks take.
-template <class T>
-view<T, 4> as_batch_of_one(const view<T, 3>& x) {
-    return view<T, 4>(x.data, {1, x.dims[0], x.dims[1], x.dims[2]},
-                      {x.dims[0] * x.strides[0], x.strides[0], x.strides[1], x.strides[2]});
-}
-template <class T>
-view<T, 3> as_batch_of_one(const view<T, 2>& x) {
-    return view<T, 3>(x.data, {1, x.dims[0], x.dims[1]},
-                      {x.dims[0] * x.strides[0], x.strides[0], x.strides[1]});
-}
-
 // The query-side views of a packed call ([Tq, H, D] q, [Tq, H, Dv] out, [Tq, H] lse or none) as
 // the engine's batch-of-one views.
 template <class TQ>

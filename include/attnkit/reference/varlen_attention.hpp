@@ -5,12 +5,15 @@
 // tensor. Nothing shared with the fast kernels beyond views and the validation of cu_seqlens.
 //
 //   reference::softmax_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out[, lse], opts);
+//     (k, v also int8_kv of packed values [Tk, Hk, D] and scales [Tk, Hk], dequantised first)
 //   reference::paged_attention(q, k_pages, v_pages, kv, out[, lse], opts);
 //     q [Tq, H, D], k [Tk, Hk, D], pages [P, page_rows, Hk, D], out [Tq, H, Dv], lse [Tq, H];
 //     out and lse float or double.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "attnkit/paged_attention.hpp"
@@ -95,6 +98,41 @@ void softmax_attention_varlen(const Q& q, const K& k, const V& v,
     varlen_impl::run(
         detail::input_view<3>("q", q, "[Tq, H, D]"), detail::input_view<3>("k", k, "[Tk, Hk, D]"),
         detail::input_view<3>("v", v, "[Tk, Hk, Dv]"), cu_seqlens_q, cu_seqlens_k, ov, &lv, opts);
+}
+
+// int8 K/V, packed (int8_kv of values [Tk, Hk, D] and scales [Tk, Hk]): the values dequantised
+// to double, then the oracle above.
+namespace varlen_impl {
+inline Eigen::Tensor<double, 3, Eigen::RowMajor> dequantised_packed(const char* name, const char* scales_name,
+                                                                    const int8_kv& x) {
+    const auto d = softmax_impl::dequantised(name, scales_name, x);
+    if (d.dimension(0) != 1)
+        detail::fail(std::string(name) + ": packed int8 K/V (values [Tk, Hk, D]) expected, got a batch of " +
+                     std::to_string(d.dimension(0)));
+    Eigen::Tensor<double, 3, Eigen::RowMajor> p(d.dimension(1), d.dimension(2), d.dimension(3));
+    std::copy_n(d.data(), p.size(), p.data());
+    return p;
+}
+}  // namespace varlen_impl
+
+template <class Q, class O>
+void softmax_attention_varlen(const Q& q, const int8_kv& k, const int8_kv& v,
+                              const std::vector<std::int64_t>& cu_seqlens_q,
+                              const std::vector<std::int64_t>& cu_seqlens_k, O&& out,
+                              const softmax_options& opts = {}) {
+    reference::softmax_attention_varlen(q, varlen_impl::dequantised_packed("k", "k.scales", k),
+                                        varlen_impl::dequantised_packed("v", "v.scales", v), cu_seqlens_q,
+                                        cu_seqlens_k, std::forward<O>(out), opts);
+}
+
+template <class Q, class O, class L, softmax_impl::enable_if_lse<L> = 0>
+void softmax_attention_varlen(const Q& q, const int8_kv& k, const int8_kv& v,
+                              const std::vector<std::int64_t>& cu_seqlens_q,
+                              const std::vector<std::int64_t>& cu_seqlens_k, O&& out, L&& lse,
+                              const softmax_options& opts = {}) {
+    reference::softmax_attention_varlen(q, varlen_impl::dequantised_packed("k", "k.scales", k),
+                                        varlen_impl::dequantised_packed("v", "v.scales", v), cu_seqlens_q,
+                                        cu_seqlens_k, std::forward<O>(out), std::forward<L>(lse), opts);
 }
 
 // Every sequence's keys gathered from the pages, packed, then softmax_attention_varlen above.
