@@ -73,18 +73,20 @@ softmax_options options_of(const varlen_case& c) {
     return o;
 }
 
-// fast(out, lse, opts) against ref(out, lse, opts) in double within the bound of a score of at
-// most `magnitude`; then fast on three threads, bitwise.
-template <class Fast, class Ref>
-void compare_runs(const varlen_case& c, index_t Tq, const softmax_options& o, double magnitude, Fast&& fast,
-                  Ref&& ref) {
+// softmax_attention_varlen(q, k, v, ...) against its oracle in double within the bound of a
+// score of at most `magnitude`; then on three threads, bitwise. k and v: packed tensors or int8_kv.
+template <class K, class V>
+void compare_with_reference(const varlen_case& c, const packed<float>& q, const K& k, const V& v, double magnitude) {
+    const auto cu_q = offsets(c.q_len), cu_k = offsets(c.k_len);
+    const index_t Tq = cu_q.back();
+    const softmax_options o = options_of(c);
     packed<float> out(Tq, c.heads, c.dim);
     lse2 lse(Tq, c.heads);
     out.setConstant(7.0f);
-    fast(out, lse, o);
+    attnkit::softmax_attention_varlen(q, k, v, cu_q, cu_k, out, lse, o);
     packed<double> ro(Tq, c.heads, c.dim);
     Eigen::Tensor<double, 2, Eigen::RowMajor> rl(Tq, c.heads);
-    ref(ro, rl, o);
+    attnkit::reference::softmax_attention_varlen(q, k, v, cu_q, cu_k, ro, rl, o);
     // The reference reads the same stored (16-bit or int8) values, so one tolerance serves every type.
     EXPECT_TRUE(all_close(out, ro, tolerance_for(64.0, magnitude)));
     EXPECT_TRUE(all_close(lse, rl, tolerance_for(64.0, magnitude), true));
@@ -95,7 +97,7 @@ void compare_runs(const varlen_case& c, index_t Tq, const softmax_options& o, do
     o3.pool = &pool;
     packed<float> out3(Tq, c.heads, c.dim);
     lse2 lse3(Tq, c.heads);
-    fast(out3, lse3, o3);
+    attnkit::softmax_attention_varlen(q, k, v, cu_q, cu_k, out3, lse3, o3);
     EXPECT_EQ(0, std::memcmp(out.data(), out3.data(),
                              sizeof(float) * static_cast<std::size_t>(out.size())));
     EXPECT_EQ(0, std::memcmp(lse.data(), lse3.data(),
@@ -104,29 +106,17 @@ void compare_runs(const varlen_case& c, index_t Tq, const softmax_options& o, do
 
 template <class T>
 void check_against_reference(const varlen_case& c) {
-    const auto cu_q = offsets(c.q_len), cu_k = offsets(c.k_len);
-    const index_t Tq = cu_q.back(), Tk = cu_k.back();
-    const auto q = random_packed<float>(Tq, c.heads, c.dim, 11);
-    const auto k = random_packed<T>(Tk, c.heads_kv, c.dim, 12);
-    const auto v = random_packed<T>(Tk, c.heads_kv, c.dim, 13);
+    const index_t Tq = offsets(c.q_len).back(), Tk = offsets(c.k_len).back();
     // |q|, |k| <= sqrt(D) for uniform [-1, 1] values: the attention_magnitude bound.
-    const double magnitude = 1.0 + static_cast<double>(c.dim) / std::sqrt(static_cast<double>(c.dim));
-    compare_runs(
-        c, Tq, options_of(c), magnitude,
-        [&](packed<float>& out, lse2& lse, const softmax_options& o) {
-            attnkit::softmax_attention_varlen(q, k, v, cu_q, cu_k, out, lse, o);
-        },
-        [&](packed<double>& out, Eigen::Tensor<double, 2, Eigen::RowMajor>& lse, const softmax_options& o) {
-            attnkit::reference::softmax_attention_varlen(q, k, v, cu_q, cu_k, out, lse, o);
-        });
+    compare_with_reference(c, random_packed<float>(Tq, c.heads, c.dim, 11), random_packed<T>(Tk, c.heads_kv, c.dim, 12),
+                           random_packed<T>(Tk, c.heads_kv, c.dim, 13),
+                           1.0 + static_cast<double>(c.dim) / std::sqrt(static_cast<double>(c.dim)));
 }
 
 // Packed int8 K/V: random values in [-127, 127] and row scales in [0.5, 1.5] / 127, so that the
 // dequantised entries stay within [-1.5, 1.5].
 void check_int8_against_reference(const varlen_case& c) {
-    const auto cu_q = offsets(c.q_len), cu_k = offsets(c.k_len);
-    const index_t Tq = cu_q.back(), Tk = cu_k.back();
-    const auto q = random_packed<float>(Tq, c.heads, c.dim, 11);
+    const index_t Tq = offsets(c.q_len).back(), Tk = offsets(c.k_len).back();
     packed<std::int8_t> kq(Tk, c.heads_kv, c.dim), vq(Tk, c.heads_kv, c.dim);
     Eigen::Tensor<float, 2, Eigen::RowMajor> ks(Tk, c.heads_kv), vs(Tk, c.heads_kv);
     const auto kr = random_packed<float>(Tk, c.heads_kv, c.dim, 12), vr = random_packed<float>(Tk, c.heads_kv, c.dim, 13);
@@ -140,16 +130,9 @@ void check_int8_against_reference(const varlen_case& c) {
                 vq(j, h, d) = static_cast<std::int8_t>(std::lround(127.0f * vr(j, h, d)));
             }
         }
-    const attnkit::int8_kv k8(kq, ks), v8(vq, vs);
-    const double magnitude = 1.0 + 1.5 * static_cast<double>(c.dim) / std::sqrt(static_cast<double>(c.dim));
-    compare_runs(
-        c, Tq, options_of(c), magnitude,
-        [&](packed<float>& out, lse2& lse, const softmax_options& o) {
-            attnkit::softmax_attention_varlen(q, k8, v8, cu_q, cu_k, out, lse, o);
-        },
-        [&](packed<double>& out, Eigen::Tensor<double, 2, Eigen::RowMajor>& lse, const softmax_options& o) {
-            attnkit::reference::softmax_attention_varlen(q, k8, v8, cu_q, cu_k, out, lse, o);
-        });
+    compare_with_reference(c, random_packed<float>(Tq, c.heads, c.dim, 11), attnkit::int8_kv(kq, ks),
+                           attnkit::int8_kv(vq, vs),
+                           1.0 + 1.5 * static_cast<double>(c.dim) / std::sqrt(static_cast<double>(c.dim)));
 }
 
 TEST_P(varlen, float_matches_per_sequence_reference) { check_against_reference<float>(GetParam()); }
