@@ -114,6 +114,79 @@ void guarded_dq_updates(const float* krows, index_t ldk, const float* ds, index_
         }
 }
 
+// The key block's tiles hold keys in lanes: element (u, c) of a tile of `tile_cols` columns at
+// tile + (u / RT) tile_cols RT + c RT + u % RT. Moving rows in or out of that layout one float at
+// a time is a strided scalar access per element (a tenth of the backward's time at D = 128);
+// W keys x W columns at a time it is W row loads, simd::transpose and W stores. RT is a whole
+// number of vectors, so a group of W keys never straddles two tiles. Columns [col0, col0 + cols)
+// of the tile; the rest one element at a time.
+
+// Rows u < n of a key block (row u at src + u sl, as stored) into the tile, as floats; rows_out,
+// if given, also gets them row-major (stride ld_rows).
+template <class A, class T>
+void rows_into_tile(const T* src, index_t sl, index_t n, index_t cols, float* tile, index_t tile_cols, index_t col0,
+                    float* rows_out = nullptr, index_t ld_rows = 0) {
+    constexpr index_t W = simd::kLanes<A>, RT = tile_traits<A>::kTileRows;
+    index_t u = 0;
+    if constexpr (W > 1) {
+        for (; u + W <= n; u += W) {
+            float* t = tile + (u / RT) * tile_cols * RT + u % RT;
+            index_t c = 0;
+            for (; c + W <= cols; c += W) {
+                simd::vfloat<A> sq[W];
+                ATTNKIT_UNROLL for (index_t r = 0; r < W; ++r) {
+                    sq[r] = simd::load_float<A>(src + (u + r) * sl + c);
+                    if (rows_out) simd::storeu(rows_out + (u + r) * ld_rows + c, sq[r]);
+                }
+                simd::transpose(sq);
+                ATTNKIT_UNROLL for (index_t e = 0; e < W; ++e) simd::storeu(t + (col0 + c + e) * RT, sq[e]);
+            }
+            for (; c < cols; ++c)
+                for (index_t r = 0; r < W; ++r) {
+                    const float x = simd::to_float(src[(u + r) * sl + c]);
+                    t[(col0 + c) * RT + r] = x;
+                    if (rows_out) rows_out[(u + r) * ld_rows + c] = x;
+                }
+        }
+    }
+    for (; u < n; ++u) {
+        float* t = tile + (u / RT) * tile_cols * RT + u % RT;
+        for (index_t c = 0; c < cols; ++c) {
+            const float x = simd::to_float(src[u * sl + c]);
+            t[(col0 + c) * RT] = x;
+            if (rows_out) rows_out[u * ld_rows + c] = x;
+        }
+    }
+}
+
+// The inverse: row(u)[c] = scale x element (u, col0 + c) of the tile, u < n, c < cols.
+template <class A, class RowOf>
+void tile_into_rows(const float* tile, index_t tile_cols, index_t col0, index_t n, index_t cols, float scale,
+                    RowOf&& row) {
+    constexpr index_t W = simd::kLanes<A>, RT = tile_traits<A>::kTileRows;
+    index_t u = 0;
+    if constexpr (W > 1) {
+        const simd::vfloat<A> sv(scale);
+        for (; u + W <= n; u += W) {
+            const float* t = tile + (u / RT) * tile_cols * RT + u % RT;
+            index_t c = 0;
+            for (; c + W <= cols; c += W) {
+                simd::vfloat<A> sq[W];
+                ATTNKIT_UNROLL for (index_t e = 0; e < W; ++e) sq[e] = simd::loadu<A>(t + (col0 + c + e) * RT);
+                simd::transpose(sq);
+                ATTNKIT_UNROLL for (index_t r = 0; r < W; ++r) simd::storeu(row(u + r) + c, sq[r] * sv);
+            }
+            for (; c < cols; ++c)
+                for (index_t r = 0; r < W; ++r) row(u + r)[c] = t[(col0 + c) * RT + r] * scale;
+        }
+    }
+    for (; u < n; ++u) {
+        const float* t = tile + (u / RT) * tile_cols * RT + u % RT;
+        float* out = row(u);
+        for (index_t c = 0; c < cols; ++c) out[c] = t[(col0 + c) * RT] * scale;
+    }
+}
+
 // One work item: batch b, key/value head hk, all rows of its G query heads. stats and the
 // intervals are per row of the item (n_rows = Lq G, padded to kBlockRows with empty intervals).
 // d_out rows are read through dout (float, [B, Lq, H, Dv] strides).
@@ -213,19 +286,9 @@ ATTNKIT_NOINLINE void backward_item(const basic_attention_problem<KVT, QT>& p, c
         const index_t nk = std::min(BK, Lk - j0);
         // Pack the key block: K^T and V^T tiles (keys in lanes) and K rows; zero the padding.
         std::fill(kt, kt + kt_size + vt_size + kr_size + dkt_size + dvt_size, 0.0f);
-        for (index_t u = 0; u < nk; ++u) {
-            const KVT* kr = kb0 + (j0 + u) * p.k.sl;
-            const KVT* vr = vb0 + (j0 + u) * p.v.sl;  // set 0
-            float* ktile = kt + (u / RT) * D * RT + u % RT;
-            float* vtile = vt + (u / RT) * Dv * RT + u % RT;
-            for (index_t d = 0; d < D; ++d) {
-                const float x = simd::to_float(kr[d]);
-                ktile[d * RT] = x;
-                krows[u * d_pad + d] = x;
-            }
-            for (index_t t = 0; t < NS; ++t)
-                for (index_t c = 0; c < Dv1; ++c) vtile[(t * Dv1 + c) * RT] = simd::to_float(vr[t * p.v_set_stride + c]);
-        }
+        rows_into_tile<A>(kb0 + j0 * p.k.sl, p.k.sl, nk, D, kt, D, 0, krows, d_pad);
+        for (index_t t = 0; t < NS; ++t)  // value set t: columns [t Dv1, (t + 1) Dv1) of the V tile
+            rows_into_tile<A>(vb0 + j0 * p.v.sl + t * p.v_set_stride, p.v.sl, nk, Dv1, vt, Dv, t * Dv1);
         const bool k_finite = all_finite<A>(krows, nk * d_pad) && all_finite<A>(vt, n_kt * Dv * RT);
         gemm_pack_b<GT::kNR>(krows, d_pad, BK, D, kb);
 
@@ -267,17 +330,10 @@ ATTNKIT_NOINLINE void backward_item(const basic_attention_problem<KVT, QT>& p, c
                 gemm_macro<A>(dsb, kb, RB, D, BK, dq_i, D, false);
         }
         // The block's dK and dV are complete.
-        for (index_t u = 0; u < nk; ++u) {
-            float* dkr = go.d_k.ptr(b, j0 + u, hk);
-
-            const float* dkt_u = dkt + (u / RT) * d_pad * RT + u % RT;
-            const float* dvt_u = dvt + (u / RT) * dv_pad * RT + u % RT;
-            for (index_t d = 0; d < D; ++d) dkr[d] = dkt_u[d * RT] * go.dk_scale;
-            for (index_t t = 0; t < NS; ++t) {
-                float* dvr = go.d_v.ptr(b + t, j0 + u, hk);
-                for (index_t c = 0; c < Dv1; ++c) dvr[c] = dvt_u[(t * Dv1 + c) * RT];
-            }
-        }
+        tile_into_rows<A>(dkt, d_pad, 0, nk, D, go.dk_scale, [&](index_t u) { return go.d_k.ptr(b, j0 + u, hk); });
+        for (index_t t = 0; t < NS; ++t)
+            tile_into_rows<A>(dvt, dv_pad, t * Dv1, nk, Dv1, 1.0f,
+                              [&](index_t u) { return go.d_v.ptr(b + t, j0 + u, hk); });
     }
     write_zero_keys(std::max(blk0, std::min(Lk, (k_hi + BK - 1) / BK * BK)), Lk);
 
