@@ -509,9 +509,10 @@ TEST(Rope, SixteenBitStoreRoundsAsEigen) {
     check_store_rounding<Eigen::half>();
 }
 
-TEST(Rope, ThreadCountsGiveTheSameBits) {
-    const index_t B = 3, L = 37, H = 5, D = 96;
-    attnkit::thread_pool p2(2), p3(3);
+// The thread-count cases of the forward and the backward: both styles, one position offset or
+// a [B, L] position per row, YaRN, partial rotary; fn(options, positions, per_row).
+template <class Fn>
+void for_each_thread_case(index_t B, index_t L, Fn&& fn) {
     for (rope_style st : {rope_style::rotate_half, rope_style::interleaved})
         for (bool per_row : {false, true}) {
             rope_options o = with_scaling(rope_scaling_type::yarn);
@@ -521,20 +522,28 @@ TEST(Rope, ThreadCountsGiveTheSameBits) {
             positions2 pos(B, L);
             for (index_t b = 0; b < B; ++b)
                 for (index_t l = 0; l < L; ++l) pos(b, l) = 100 * b + 3 * l;
-            const tensor4<float> x0 = random_bshd(B, L, H, D, distribution::gaussian, 17);
-            tensor4<float> results[3] = {x0, x0, x0};
-            attnkit::thread_pool* pools[3] = {nullptr, &p2, &p3};
-            for (int t = 0; t < 3; ++t) {
-                rope_options ot = o;
-                ot.pool = pools[t];
-                if (per_row)
-                    attnkit::model::rope(results[t], pos, ot);
-                else
-                    attnkit::model::rope(results[t], ot);
-            }
-            EXPECT_TRUE(bitwise_equal(results[0], results[1]));
-            EXPECT_TRUE(bitwise_equal(results[0], results[2]));
+            fn(o, pos, per_row);
         }
+}
+
+TEST(Rope, ThreadCountsGiveTheSameBits) {
+    const index_t B = 3, L = 37, H = 5, D = 96;
+    attnkit::thread_pool p2(2), p3(3);
+    for_each_thread_case(B, L, [&](const rope_options& o, const positions2& pos, bool per_row) {
+        const tensor4<float> x0 = random_bshd(B, L, H, D, distribution::gaussian, 17);
+        tensor4<float> results[3] = {x0, x0, x0};
+        attnkit::thread_pool* pools[3] = {nullptr, &p2, &p3};
+        for (int t = 0; t < 3; ++t) {
+            rope_options ot = o;
+            ot.pool = pools[t];
+            if (per_row)
+                attnkit::model::rope(results[t], pos, ot);
+            else
+                attnkit::model::rope(results[t], ot);
+        }
+        EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+        EXPECT_TRUE(bitwise_equal(results[0], results[2]));
+    });
 }
 
 // A cache of tables gives the same bits as computing them; a table is reused only for the same
@@ -858,38 +867,30 @@ TEST(RopeBackward, ThreadCountsAndCacheGiveTheSameBits) {
     const index_t B = 3, L = 37, H = 5, D = 96;
     attnkit::thread_pool p2(2), p3(3);
     attnkit::model::rope_cache cache;
-    for (rope_style st : {rope_style::rotate_half, rope_style::interleaved})
-        for (bool per_row : {false, true}) {
-            rope_options o = with_scaling(rope_scaling_type::yarn);
-            o.style = st;
-            o.rotary_dim = 64;
-            if (!per_row) o.position_offset = 500;
-            positions2 pos(B, L);
-            for (index_t b = 0; b < B; ++b)
-                for (index_t l = 0; l < L; ++l) pos(b, l) = 100 * b + 3 * l;
-            const tensor4<float> d0 = random_bshd(B, L, H, D, distribution::gaussian, 19);
-            tensor4<float> results[4] = {d0, d0, d0, d0};
-            attnkit::thread_pool* pools[4] = {nullptr, &p2, &p3, &p2};
-            for (int t = 0; t < 4; ++t) {
-                rope_options ot = o;
-                ot.pool = pools[t];
-                if (t == 3) {  // the forward's cached table serves the backward
-                    ot.cache = &cache;
-                    tensor4<float> fwd = d0;
-                    if (per_row)
-                        attnkit::model::rope(fwd, pos, ot);
-                    else
-                        attnkit::model::rope(fwd, ot);
-                }
+    for_each_thread_case(B, L, [&](const rope_options& o, const positions2& pos, bool per_row) {
+        const tensor4<float> d0 = random_bshd(B, L, H, D, distribution::gaussian, 19);
+        tensor4<float> results[4] = {d0, d0, d0, d0};
+        attnkit::thread_pool* pools[4] = {nullptr, &p2, &p3, &p2};
+        for (int t = 0; t < 4; ++t) {
+            rope_options ot = o;
+            ot.pool = pools[t];
+            if (t == 3) {  // the forward's cached table serves the backward
+                ot.cache = &cache;
+                tensor4<float> fwd = d0;
                 if (per_row)
-                    attnkit::model::rope_backward(results[t], pos, ot);
+                    attnkit::model::rope(fwd, pos, ot);
                 else
-                    attnkit::model::rope_backward(results[t], ot);
+                    attnkit::model::rope(fwd, ot);
             }
-            EXPECT_TRUE(bitwise_equal(results[0], results[1]));
-            EXPECT_TRUE(bitwise_equal(results[0], results[2]));
-            EXPECT_TRUE(bitwise_equal(results[0], results[3]));
+            if (per_row)
+                attnkit::model::rope_backward(results[t], pos, ot);
+            else
+                attnkit::model::rope_backward(results[t], ot);
         }
+        EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+        EXPECT_TRUE(bitwise_equal(results[0], results[2]));
+        EXPECT_TRUE(bitwise_equal(results[0], results[3]));
+    });
     EXPECT_EQ(cache.hits(), 4u);
     EXPECT_EQ(cache.misses(), 4u);
 }
