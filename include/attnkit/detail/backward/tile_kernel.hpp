@@ -114,50 +114,11 @@ void guarded_dq_updates(const float* krows, index_t ldk, const float* ds, index_
         }
 }
 
-// The key block's tiles hold keys in lanes: element (u, c) of a tile of `tile_cols` columns at
-// tile + (u / RT) tile_cols RT + c RT + u % RT. Moving rows in or out of that layout one float at
-// a time is a strided scalar access per element (a tenth of the backward's time at D = 128);
-// W keys x W columns at a time it is W row loads, simd::transpose and W stores. RT is a whole
-// number of vectors, so a group of W keys never straddles two tiles. Columns [col0, col0 + cols)
-// of the tile; the rest one element at a time.
-
-// Rows u < n of a key block (row u at src + u sl, as stored) into the tile, as floats; rows_out,
-// if given, also gets them row-major (stride ld_rows).
-template <class A, class T>
-void rows_into_tile(const T* src, index_t sl, index_t n, index_t cols, float* tile, index_t tile_cols, index_t col0,
-                    float* rows_out = nullptr, index_t ld_rows = 0) {
-    constexpr index_t W = simd::kLanes<A>, RT = tile_traits<A>::kTileRows;
-    index_t u = 0;
-    if constexpr (W > 1) {
-        for (; u + W <= n; u += W) {
-            float* t = tile + (u / RT) * tile_cols * RT + u % RT;
-            index_t c = 0;
-            for (; c + W <= cols; c += W) {
-                simd::vfloat<A> sq[W];
-                ATTNKIT_UNROLL for (index_t r = 0; r < W; ++r) {
-                    sq[r] = simd::load_float<A>(src + (u + r) * sl + c);
-                    if (rows_out) simd::storeu(rows_out + (u + r) * ld_rows + c, sq[r]);
-                }
-                simd::transpose(sq);
-                ATTNKIT_UNROLL for (index_t e = 0; e < W; ++e) simd::storeu(t + (col0 + c + e) * RT, sq[e]);
-            }
-            for (; c < cols; ++c)
-                for (index_t r = 0; r < W; ++r) {
-                    const float x = simd::to_float(src[(u + r) * sl + c]);
-                    t[(col0 + c) * RT + r] = x;
-                    if (rows_out) rows_out[(u + r) * ld_rows + c] = x;
-                }
-        }
-    }
-    for (; u < n; ++u) {
-        float* t = tile + (u / RT) * tile_cols * RT + u % RT;
-        for (index_t c = 0; c < cols; ++c) {
-            const float x = simd::to_float(src[u * sl + c]);
-            t[(col0 + c) * RT] = x;
-            if (rows_out) rows_out[u * ld_rows + c] = x;
-        }
-    }
-}
+// The key block's tiles hold keys in lanes (the GEMM's B panels' layout, detail/gemm/pack.hpp
+// rows_into_tiles, which packs them). Moving dK / dV rows out of that layout one float at a time
+// is a strided scalar access per element; W keys x W columns at a time it is W loads,
+// simd::transpose and W row stores. RT is a whole number of vectors, so a group of W keys never
+// straddles two tiles.
 
 // The inverse: row(u)[c] = scale x element (u, col0 + c) of the tile, u < n, c < cols.
 template <class A, class RowOf>
@@ -286,9 +247,9 @@ ATTNKIT_NOINLINE void backward_item(const basic_attention_problem<KVT, QT>& p, c
         const index_t nk = std::min(BK, Lk - j0);
         // Pack the key block: K^T and V^T tiles (keys in lanes) and K rows; zero the padding.
         std::fill(kt, kt + kt_size + vt_size + kr_size + dkt_size + dvt_size, 0.0f);
-        rows_into_tile<A>(kb0 + j0 * p.k.sl, p.k.sl, nk, D, kt, D, 0, krows, d_pad);
+        rows_into_tiles<A, RT>(kb0 + j0 * p.k.sl, p.k.sl, nk, D, kt, D, 0, krows, d_pad);
         for (index_t t = 0; t < NS; ++t)  // value set t: columns [t Dv1, (t + 1) Dv1) of the V tile
-            rows_into_tile<A>(vb0 + j0 * p.v.sl + t * p.v_set_stride, p.v.sl, nk, Dv1, vt, Dv, t * Dv1);
+            rows_into_tiles<A, RT>(vb0 + j0 * p.v.sl + t * p.v_set_stride, p.v.sl, nk, Dv1, vt, Dv, t * Dv1);
         const bool k_finite = all_finite<A>(krows, nk * d_pad) && all_finite<A>(vt, n_kt * Dv * RT);
         gemm_pack_b<GT::kNR>(krows, d_pad, BK, D, kb);
 

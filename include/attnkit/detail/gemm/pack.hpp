@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "attnkit/config.hpp"
+#include "attnkit/simd/convert.hpp"
 #include "attnkit/simd/simd.hpp"
 
 namespace attnkit {
@@ -56,7 +57,8 @@ inline void gemm_pack_b(const float* b, index_t ldb, index_t kc, index_t nc, flo
 }
 
 // Transposed operands are moved W x W floats at a time: W vectors loaded along the stored rows,
-// transposed in registers (simd::transpose), stored along the panel's rows. Element by element
+// transposed in registers (simd::transpose), stored along the panel's rows (gemm_pack_a_t here,
+// rows_into_tiles below for B). Element by element
 // each float would be a load and a store to a different cache line of the panel (its rows are
 // kc or kNR floats apart), which cost 15% of a gated-MLP backward whose blocks each pack their
 // own B (docs/benchmarks.md). What does not fill a W x W square (a block's last rows or
@@ -93,33 +95,59 @@ inline void gemm_pack_a_t(const float* at, index_t ldat, index_t mc, index_t kc,
     }
 }
 
+// Rows u < n (row u at src + u sl, as stored: float, bfloat16, half or int8) into tiles of kT
+// rows in lanes: element (u, c) at tile + (u / kT) tile_cols kT + (col0 + c) kT + u % kT, for
+// c < cols. The GEMM's B panels (gemm_pack_b_t: a row of Bt is a column of B) and the backward
+// tile kernel's K / V tiles (keys in lanes) are this layout. W rows x W columns at a time (kT is
+// a whole number of vectors, so such a square stays in one tile); the rest one float at a time.
+// rows_out, if given, also gets the rows row-major as floats (stride ld_rows).
+template <class A, index_t kT, class T>
+void rows_into_tiles(const T* src, index_t sl, index_t n, index_t cols, float* tile, index_t tile_cols, index_t col0,
+                     float* rows_out = nullptr, index_t ld_rows = 0) {
+    constexpr index_t W = simd::kLanes<A>;
+    static_assert(kT % W == 0, "a tile is whole vectors wide");
+    index_t u = 0;
+    if constexpr (W > 1) {
+        for (; u + W <= n; u += W) {
+            float* t = tile + (u / kT) * tile_cols * kT + u % kT;
+            index_t c = 0;
+            for (; c + W <= cols; c += W) {
+                simd::vfloat<A> sq[W];
+                ATTNKIT_UNROLL for (index_t r = 0; r < W; ++r) {
+                    sq[r] = simd::load_float<A>(src + (u + r) * sl + c);
+                    if (rows_out) simd::storeu(rows_out + (u + r) * ld_rows + c, sq[r]);
+                }
+                simd::transpose(sq);
+                ATTNKIT_UNROLL for (index_t e = 0; e < W; ++e) simd::storeu(t + (col0 + c + e) * kT, sq[e]);
+            }
+            for (; c < cols; ++c)
+                for (index_t r = 0; r < W; ++r) {
+                    const float x = simd::to_float(src[(u + r) * sl + c]);
+                    t[(col0 + c) * kT + r] = x;
+                    if (rows_out) rows_out[(u + r) * ld_rows + c] = x;
+                }
+        }
+    }
+    for (; u < n; ++u) {
+        float* t = tile + (u / kT) * tile_cols * kT + u % kT;
+        for (index_t c = 0; c < cols; ++c) {
+            const float x = simd::to_float(src[u * sl + c]);
+            t[(col0 + c) * kT] = x;
+            if (rows_out) rows_out[u * ld_rows + c] = x;
+        }
+    }
+}
+
 // A [kc, nc] block of B = Bt^T, Bt row-major with row stride ldbt: column j of the block is the
-// contiguous row j of Bt. Full panels (kNR a multiple of W) go by squares; the last, partial one
-// and the kc % W last rows one float at a time.
+// contiguous row j of Bt, so the panels are rows_into_tiles of Bt's rows; the last panel's lanes
+// past nc are zero.
 template <class A, index_t kNR>
 inline void gemm_pack_b_t(const float* bt, index_t ldbt, index_t kc, index_t nc, float* ATTNKIT_RESTRICT bp) {
-    constexpr index_t W = simd::kLanes<A>;
-    static_assert(kNR % W == 0, "a panel is whole vectors wide");
-    for (index_t j0 = 0; j0 < nc; j0 += kNR, bp += kc * kNR) {
-        const index_t nn = nc - j0 < kNR ? nc - j0 : kNR;
-        index_t d = 0;
-        if constexpr (W > 1) {
-            if (nn == kNR)
-                for (; d + W <= kc; d += W)
-                    for (index_t n0 = 0; n0 < kNR; n0 += W) {
-                        simd::vfloat<A> sq[W];
-                        ATTNKIT_UNROLL for (index_t r = 0; r < W; ++r)
-                            sq[r] = simd::loadu<A>(bt + (j0 + n0 + r) * ldbt + d);
-                        simd::transpose(sq);
-                        ATTNKIT_UNROLL for (index_t r = 0; r < W; ++r) simd::storeu(bp + (d + r) * kNR + n0, sq[r]);
-                    }
-        }
-        for (index_t n = 0; n < nn; ++n) {
-            const float* src = bt + (j0 + n) * ldbt;
-            for (index_t e = d; e < kc; ++e) bp[e * kNR + n] = src[e];
-        }
-        for (index_t n = nn; n < kNR; ++n)
-            for (index_t e = 0; e < kc; ++e) bp[e * kNR + n] = 0.0f;
+    rows_into_tiles<A, kNR>(bt, ldbt, nc, kc, bp, kc, 0);
+    const index_t rest = nc % kNR;
+    if (rest) {
+        float* last = bp + nc / kNR * kc * kNR;
+        for (index_t e = 0; e < kc; ++e) std::fill_n(last + e * kNR + rest, kNR - rest, 0.0f);
     }
 }
 
