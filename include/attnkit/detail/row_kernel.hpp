@@ -162,8 +162,8 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, index_t p_s
 // GQA: the query rows of one key/value head share every K and V row they read, so the rows of a
 // head are taken RB at a time against each loaded vector (kGroupRows). With 16-bit or int8 K/V
 // that saves the conversion of each vector per row, which costs about as much as the FMAs it
-// feeds; with float K/V it saves the reloads and the per-row reductions and output passes: GQA
-// 32/8 float decode 5-9% faster on one AVX-512 core, 1-6% on two (docs/benchmarks.md).
+// feeds; with float K/V it saves the reloads and the per-row reductions and output passes
+// (measured in docs/benchmarks.md, "int8 K/V").
 template <class A, class T>
 constexpr bool kGroupRows = !std::is_same<A, simd::scalar_arch>::value;
 

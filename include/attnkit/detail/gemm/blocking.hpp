@@ -15,9 +15,8 @@
 // L3): a B micro-panel of kc = 256 rows is 16 KiB on AVX2, half the L1 beside the A micro-panel
 // (6 KiB). AVX-512's 32-column panel at kc = 192 is 24 KiB beside a 9 KiB A micro-panel: the
 // L1 of a Zen 4 (32 KiB) nearly full, a Sapphire Rapids' (48 KiB) two thirds; against kc = 128
-// (16 KiB) the longer chains halve the C tile's loads and stores per FMA, which made the gated
-// MLP's backward 2% and StaticEmbQK's 5% faster on the latter, about what kc = 256 (32 KiB,
-// the whole of a Zen 4's L1) gave (docs/benchmarks.md). The A block is 144 KiB (mc = 144 rows
+// (16 KiB) the longer chains halve the C tile's loads and stores per FMA, and kc = 256 (32
+// KiB, the whole of a Zen 4's L1) gained little more (measured in docs/benchmarks.md). The A block is 144 KiB (mc = 144 rows
 // at kc = 256, 192 at kc = 192), a quarter of the L2; nc = 4096 columns make the B block
 // 4 - 6 MiB, in the L3.
 //

@@ -60,8 +60,8 @@ inline void gemm_pack_b(const float* b, index_t ldb, index_t kc, index_t nc, flo
 // transposed in registers (simd::transpose), stored along the panel's rows (gemm_pack_a_t here,
 // rows_into_tiles below for B). Element by element
 // each float would be a load and a store to a different cache line of the panel (its rows are
-// kc or kNR floats apart), which cost 15% of a gated-MLP backward whose blocks each pack their
-// own B (docs/benchmarks.md). What does not fill a W x W square (a block's last rows or
+// kc or kNR floats apart), a cost that shows where a product's blocks each pack their own B
+// (docs/benchmarks.md, "Gated MLP and StaticEmbQK backward"). What does not fill a W x W square (a block's last rows or
 // columns, kc % W) is copied one float at a time.
 
 // A [mc, kc] block of A = At^T, At row-major with row stride ldat (the block starts at At's

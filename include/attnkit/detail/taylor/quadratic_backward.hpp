@@ -84,8 +84,8 @@ inline void dense_keys(const KVT* k, index_t sl, index_t n, index_t D, std::vect
 // The running sums K1 = sum k and K2 = sum k k^T of a key prefix, and Z of query rows against it.
 // Both sides are products on the engine's GEMM: a chunk's K2 is Kc^T Kc (D x kChunk x D), a read
 // of n rows is Q K2 (n x D x D) and one dot per row. (Row by row, as D dot products of length D,
-// the reads took a fifth of the backward on AVX-512: each dot is a chain of a few FMAs and a
-// horizontal sum.)
+// the reads were a large share of the backward on AVX-512, docs/benchmarks.md: each dot is a
+// chain of a few FMAs and a horizontal sum.)
 template <class A>
 class prefix_row_sums {
    public:
