@@ -192,19 +192,26 @@ TEST(self_gating_attention_backward, large_gates_are_finite_and_correct) {
 }
 
 // Many chunks per item (chunk_len: 16 positions at this length), one head and several, GQA,
-// key_lengths cutting inside a chunk: 1, 2 and 3 threads give the same bits.
+// key_lengths cutting inside a chunk: 1, 2 and 3 threads give the same bits. The causal pass 2
+// splits by (item, head part) where those feed every thread, else by chunks with the look-back:
+// one item of one head takes the second path, four key/value heads over three threads give
+// uneven head parts.
 TEST(self_gating_attention_backward, thread_count_gives_bitwise_identical_results) {
+    struct shape_case {
+        index_t B, H, Hk;
+    };
     for (bool causal : {true, false})
-        for (index_t H : {1, 6}) {
-            SCOPED_TRACE(std::string(causal ? "causal" : "full") + " H " + std::to_string(H));
+        for (const shape_case sc : {shape_case{3, 1, 1}, shape_case{3, 6, 2}, shape_case{1, 1, 1}, shape_case{1, 8, 4}}) {
+            const index_t B = sc.B, H = sc.H, Hk = sc.Hk;
+            SCOPED_TRACE(std::string(causal ? "causal" : "full") + " B " + std::to_string(B) + " H " +
+                         std::to_string(H) + " Hk " + std::to_string(Hk));
             self_gating_options o;
             o.causal = causal;
-            o.key_lengths = {300, 517, 0};
-            const index_t Hk = H == 1 ? 1 : 2;
-            const tensor4<float> q = random_bshd(3, 517, H, 20, distribution::outliers, 101);
-            const tensor4<float> k = random_bshd(3, 517, Hk, 20, distribution::outliers, 102);
-            const tensor4<float> v = random_bshd(3, 517, Hk, 17, distribution::outliers, 103);
-            const tensor4<float> dout = random_bshd(3, 517, H, 17, distribution::outliers, 104);
+            o.key_lengths = B == 3 ? std::vector<index_t>{300, 517, 0} : std::vector<index_t>{400};
+            const tensor4<float> q = random_bshd(B, 517, H, 20, distribution::outliers, 101);
+            const tensor4<float> k = random_bshd(B, 517, Hk, 20, distribution::outliers, 102);
+            const tensor4<float> v = random_bshd(B, 517, Hk, 17, distribution::outliers, 103);
+            const tensor4<float> dout = random_bshd(B, 517, H, 17, distribution::outliers, 104);
             const grads one = run_fast(q, k, v, dout, o);
             for (int n : {2, 3}) {
                 attnkit::thread_pool pool(n);

@@ -116,14 +116,13 @@ ATTNKIT_NOINLINE void scores_panel(const float* kp, index_t n_keys, const float*
 // a non-finite value of that key into it; the guarded form skips the keys outside each row's
 // [lo, hi) (visible keys still contribute at weight 0, as in the reference). Only partially
 // masked panels over a tile with non-finite values need it.
-template <class A, bool kGuardMasked>
+template <class A, bool kGuardMasked, int MC = tile_traits<A>::kMR>
 ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t ld, index_t n_keys,
                                        const float* ATTNKIT_RESTRICT pt, const simd::vfloat<A>* alpha,
                                        float* ATTNKIT_RESTRICT ot, index_t j0, const simd::vfloat<A>* lo,
                                        const simd::vfloat<A>* hi) {
     using V = simd::vfloat<A>;
     constexpr int kNR = tile_traits<A>::kNR;
-    constexpr int MC = tile_traits<A>::kMR;
     constexpr index_t W = tile_traits<A>::kLanes;
     constexpr index_t RT = tile_traits<A>::kTileRows;
     V acc[MC][kNR];
@@ -148,14 +147,17 @@ ATTNKIT_ALWAYS_INLINE void values_tile(const float* ATTNKIT_RESTRICT vp, index_t
         ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) simd::storeu(ot + c * RT + n * W, acc[c][n]);
 }
 
-// All value columns of a dense V tile [n_keys][ld] against one row panel; ld (a multiple of
-// kMR) is the padded Dv, and columns past Dv are zero in the tile.
+// Value columns [0, cols) of a dense V tile [n_keys][ld] against one row panel; ld (a multiple
+// of kMR) is the padded Dv, and columns past Dv are zero in the tile. cols = 0 means all ld.
+// The last register tile narrows to 8 or 4 columns where that covers the rest: at Dv = 128 and
+// kMR = 12 a full tile would compute 4 columns of padding (3% of the product), at Dv = 64, 8
+// (11%). Rows of O^T past cols are then left as they were.
 // With kGuardMasked, j0 is the first key of the tile and lo/hi hold the panel's rows' visible
 // key intervals (as floats, like softmax_panel's).
 template <class A, bool kGuardMasked = false>
 ATTNKIT_NOINLINE void values_panel(const float* vp, index_t ld, index_t n_keys, const float* pt,
                                    const simd::vfloat<A>* alpha, float* ot, index_t j0 = 0,
-                                   const float* lo = nullptr, const float* hi = nullptr) {
+                                   const float* lo = nullptr, const float* hi = nullptr, index_t cols = 0) {
     using V = simd::vfloat<A>;
     constexpr int kNR = tile_traits<A>::kNR;
     constexpr int MC = tile_traits<A>::kMR;
@@ -166,8 +168,20 @@ ATTNKIT_NOINLINE void values_panel(const float* vp, index_t ld, index_t n_keys, 
         lov[n] = kGuardMasked ? simd::loadu<A>(lo + n * W) : V(0.0f);
         hiv[n] = kGuardMasked ? simd::loadu<A>(hi + n * W) : V(0.0f);
     }
-    for (index_t c = 0; c < ld; c += MC)
+    if (cols <= 0 || cols > ld) cols = ld;
+    index_t c = 0;
+    for (; c + MC <= cols; c += MC)
         values_tile<A, kGuardMasked>(vp + c, ld, n_keys, pt, alpha, ot + c * RT, j0, lov, hiv);
+    // c + MC <= ld (both multiples of MC, c < cols <= ld): the narrower tiles stay inside rows.
+    const index_t rest = cols - c;
+    if (rest <= 0) return;
+    if constexpr (MC > 4) {
+        if (rest <= 4) return values_tile<A, kGuardMasked, 4>(vp + c, ld, n_keys, pt, alpha, ot + c * RT, j0, lov, hiv);
+    }
+    if constexpr (MC > 8) {
+        if (rest <= 8) return values_tile<A, kGuardMasked, 8>(vp + c, ld, n_keys, pt, alpha, ot + c * RT, j0, lov, hiv);
+    }
+    values_tile<A, kGuardMasked>(vp + c, ld, n_keys, pt, alpha, ot + c * RT, j0, lov, hiv);
 }
 
 }  // namespace detail

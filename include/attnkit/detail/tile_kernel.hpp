@@ -134,9 +134,9 @@ void tile_kernel(const basic_attention_problem<KVT, QT>& p, const Policy& pol, c
                     const float* vpj = vp + set * vp_size + (jb - j0) * dv_pad;
                     float* ot_t = ot + set * ot_size + t * dv_pad * RT;
                     if (masked && !v_finite[static_cast<std::size_t>(set)])
-                        values_panel<A, true>(vpj, dv_pad, n, st, alpha, ot_t, jb, lo + t * RT, hi + t * RT);
+                        values_panel<A, true>(vpj, dv_pad, n, st, alpha, ot_t, jb, lo + t * RT, hi + t * RT, Dv);
                     else
-                        values_panel<A>(vpj, dv_pad, n, st, alpha, ot_t);
+                        values_panel<A>(vpj, dv_pad, n, st, alpha, ot_t, 0, nullptr, nullptr, Dv);
                 }
             }
         }
