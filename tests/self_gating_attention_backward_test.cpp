@@ -192,10 +192,8 @@ TEST(self_gating_attention_backward, large_gates_are_finite_and_correct) {
 }
 
 // Many chunks per item (chunk_len: 16 positions at this length), one head and several, GQA,
-// key_lengths cutting inside a chunk: 1, 2 and 3 threads give the same bits. The causal pass 2
-// splits by (item, head part) where those feed every thread, else by chunks with the look-back:
-// one item of one head takes the second path, four key/value heads over three threads give
-// uneven head parts.
+// key_lengths cutting inside a chunk, one item as well as three: 1, 2 and 3 threads give the
+// same bits.
 TEST(self_gating_attention_backward, thread_count_gives_bitwise_identical_results) {
     struct shape_case {
         index_t B, H, Hk;

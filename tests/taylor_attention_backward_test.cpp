@@ -283,7 +283,19 @@ TEST(taylor_attention_backward, automatic_runs_the_chosen_form) {
         const ad::attention_shape sh{1, 150, 150, 2, 1, D, 8};
         taylor_options chosen = o;
         chosen.form = ad::taylor::choose_backward_form(sh, o);
-        const grads a = run_fast(q, k, v, dout, o), b = run_fast(q, k, v, dout, chosen);
+        // One forward output for both calls: the forward's own automatic choice (its cost model)
+        // need not be the backward's, and its bits would differ between the forms.
+        taylor_options fwd = o;
+        fwd.form = taylor_form::quadratic;
+        tensor4<float> out(1, 150, 2, 8);
+        attnkit::taylor_attention(q, k, v, out, fwd);
+        auto backward = [&](const taylor_options& ob) {
+            grads g{make_bshd<float>(1, 150, 2, D, kNaN), make_bshd<float>(1, 150, 1, D, kNaN),
+                    make_bshd<float>(1, 150, 1, 8, kNaN)};
+            attnkit::taylor_attention_backward(q, k, v, out, dout, g.dq, g.dk, g.dv, ob);
+            return g;
+        };
+        const grads a = backward(o), b = backward(chosen);
         EXPECT_TRUE(same_bits(a.dq, b.dq)) << form_name(chosen.form);
         EXPECT_TRUE(same_bits(a.dk, b.dk));
         EXPECT_TRUE(same_bits(a.dv, b.dv));

@@ -27,8 +27,6 @@
 // finds its successor's state published (always, with one thread) computes its gradients in one
 // scan and publishes at the end; one that does not first scans d_out and out alone (2 of the 5
 // streams) to publish its own state as soon as the successor's arrives, then does the full scan.
-// Where there are enough (item, head part) pairs for the threads, each pair's chunks are one
-// worker's instead and never wait (run_backward_causal).
 #pragma once
 
 #include <algorithm>
@@ -85,14 +83,6 @@ struct grad_states {
     }
 };
 
-// The key/value heads [k0, k1) a scan covers, with their query heads [k0 G, k1 G).
-struct head_range {
-    index_t k0 = 0, k1 = 0;
-    index_t h0(const problem& p) const { return k0 * p.group; }
-    index_t h1(const problem& p) const { return k1 * p.group; }
-    static head_range all(const problem& p) { return {0, p.heads_kv}; }
-};
-
 // exp(a - b) for a <= b (a row's max against a later row's): 0 where either is -inf (a state
 // that has seen no weighted token yet, or an empty suffix), so that -inf - -inf never makes NaN.
 template <class A>
@@ -146,20 +136,19 @@ ATTNKIT_NOINLINE void row_stats(grad_problem& g, index_t b, states& st) {
 // The local suffix of row l of item b: sl = sl exp(M_l - M_{l+1}) + a_l dO_l and likewise rl
 // with <dO_l, O_l>; `first`: the first row of a local scan (nothing to carry). rho is scratch.
 template <class A>
-ATTNKIT_NOINLINE void suffix_step(const grad_problem& g, index_t b, index_t l, bool first, grad_states& st,
-                                  head_range hr) {
+ATTNKIT_NOINLINE void suffix_step(const grad_problem& g, index_t b, index_t l, bool first, grad_states& st) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     const problem& p = g.fw;
-    const index_t h0 = hr.h0(p), h1 = hr.h1(p), dv = p.dim_v, dvp = p.dim_vp;
+    const index_t nh = p.heads, dv = p.dim_v, dvp = p.dim_vp;
     const float* M = g.at(g.mx, b, l);
     const float* a = g.at(g.inv, b, l);
-    for (index_t hh = h0; hh < h1; hh += W) {
-        const index_t cnt = std::min(W, h1 - hh);
+    for (index_t hh = 0; hh < nh; hh += W) {
+        const index_t cnt = std::min(W, nh - hh);
         const V rho = first ? V(0.0f) : shift<A>(load_heads<A>(M + hh, cnt), load_heads<A>(g.at(g.mx, b, l + 1) + hh, cnt));
         store_heads<A>(st.rho.data() + hh, rho, cnt);
     }
-    for (index_t h = h0; h < h1; ++h) {
+    for (index_t h = 0; h < nh; ++h) {
         const float* d = g.dout.row(b, l, h);
         const float* o = g.o.row(b, l, h);
         float* S = st.sl.data() + h * dvp;
@@ -191,19 +180,19 @@ ATTNKIT_NOINLINE void suffix_step(const grad_problem& g, index_t b, index_t l, b
 // every row and of every published state.
 template <class A>
 ATTNKIT_NOINLINE void fix_suffix(const grad_problem& g, index_t b, index_t l, grad_states& st, const state_ref& next,
-                                 float* s, float* r, float* m, head_range hr) {
+                                 float* s, float* r, float* m) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
-    const index_t h0 = hr.h0(g.fw), h1 = hr.h1(g.fw), dvp = g.fw.dim_vp;
+    const index_t nh = g.fw.heads, dvp = g.fw.dim_vp;
     const float* M = g.at(g.mx, b, l);
-    for (index_t hh = h0; hh < h1; hh += W) {
-        const index_t cnt = std::min(W, h1 - hh);
+    for (index_t hh = 0; hh < nh; hh += W) {
+        const index_t cnt = std::min(W, nh - hh);
         const V w = shift<A>(load_heads<A>(M + hh, cnt), load_heads<A>(next.m + hh, cnt));
         store_heads<A>(st.w.data() + hh, w, cnt);
         store_heads<A>(r + hh, simd::fma(load_heads<A>(next.z + hh, cnt), w, load_heads<A>(st.rl.data() + hh, cnt)), cnt);
         if (m) std::copy(M + hh, M + hh + cnt, m + hh);
     }
-    for (index_t h = h0; h < h1; ++h) {
+    for (index_t h = 0; h < nh; ++h) {
         const V w(st.w[static_cast<std::size_t>(h)]);
         const float* sn = next.n + h * dvp;
         const float* sl = st.sl.data() + h * dvp;
@@ -226,12 +215,12 @@ ATTNKIT_ALWAYS_INLINE void store_grad(float* dst, const float* x, index_t n, boo
 
 // Zero gradients of token l of item b (masked: no row sees it).
 template <class A>
-ATTNKIT_NOINLINE void zero_token(const grad_problem& g, index_t b, index_t l, grad_states& st, head_range hr) {
+ATTNKIT_NOINLINE void zero_token(const grad_problem& g, index_t b, index_t l, grad_states& st) {
     const problem& p = g.fw;
     std::fill(st.acc_k.begin(), st.acc_k.end(), 0.0f);
     std::fill(st.acc_v.begin(), st.acc_v.end(), 0.0f);
-    for (index_t h = hr.h0(p); h < hr.h1(p); ++h) store_grad<A>(g.dq.row(b, l, h), st.acc_k.data(), p.dim, g.stream);
-    for (index_t hk = hr.k0; hk < hr.k1; ++hk) {
+    for (index_t h = 0; h < p.heads; ++h) store_grad<A>(g.dq.row(b, l, h), st.acc_k.data(), p.dim, g.stream);
+    for (index_t hk = 0; hk < p.heads_kv; ++hk) {
         store_grad<A>(g.dk.row(b, l, hk), st.acc_k.data(), p.dim, g.stream);
         store_grad<A>(g.dv.row(b, l, hk), st.acc_v.data(), p.dim_v, g.stream);
     }
@@ -241,22 +230,22 @@ ATTNKIT_NOINLINE void zero_token(const grad_problem& g, index_t b, index_t l, gr
 // gate of -inf, which weighs nothing), then per key/value head the d_q rows of its query heads
 // and its d_k and d_v rows, the query heads summed in order.
 template <class A>
-ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, grad_states& st, head_range hr) {
+ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, grad_states& st) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     const problem& p = g.fw;
-    const index_t h0 = hr.h0(p), h1 = hr.h1(p), G = p.group, D = p.dim, dv = p.dim_v, dvp = p.dim_vp;
+    const index_t nh = p.heads, G = p.group, D = p.dim, dv = p.dim_v, dvp = p.dim_vp;
     const float* M = g.at(g.mx, b, l);
     const float* gt = g.at(g.gate, b, l);
-    for (index_t hh = h0; hh < h1; hh += W) {
-        const index_t cnt = std::min(W, h1 - hh);
+    for (index_t hh = 0; hh < nh; hh += W) {
+        const index_t cnt = std::min(W, nh - hh);
         const V gv = load_heads<A>(gt + hh, cnt);
         const V e = simd::select(gv == V(-HUGE_VALF), V(0.0f), simd::exp(gv - load_heads<A>(M + hh, cnt)));
         store_heads<A>(st.e.data() + hh, e, cnt);
     }
     float* ak = st.acc_k.data();
     float* av = st.acc_v.data();
-    for (index_t hk = hr.k0; hk < hr.k1; ++hk) {
+    for (index_t hk = 0; hk < p.heads_kv; ++hk) {
         const float* kr = p.k.row(b, l, hk);
         const float* vr = p.v.row(b, l, hk);
         for (index_t gi = 0; gi < G; ++gi) {
@@ -300,9 +289,9 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
 
 // Hints for the rows of position l (the next one a descending scan reads): each position's rows
 // start new 4 KiB pages, where the hardware prefetchers stop (as in the forward scan).
-inline void prefetch_position(const grad_problem& g, index_t b, index_t l, bool all, head_range hr) {
+inline void prefetch_position(const grad_problem& g, index_t b, index_t l, bool all) {
     const problem& p = g.fw;
-    for (index_t h = hr.h0(p); h < hr.h1(p); ++h) {
+    for (index_t h = 0; h < p.heads; ++h) {
         const float* d = g.dout.row(b, l, h);
         const float* o = g.o.row(b, l, h);
         for (index_t c = 0; c < p.dim_v; c += 16) {
@@ -343,82 +332,55 @@ void run_stats(grad_problem& g, thread_pool* pool, index_t C, index_t nc) {
     });
 }
 
-// Threads in pass 2, causal: by heads where that feeds every thread, else by chunks. With at
-// least as many (item, head part) pairs as threads, each pair is one worker's whole scan from
-// the last chunk to the first: every chunk finds its successor's state at hand, and the five
-// streams cross the bus once (by chunks, a chunk that has to wait first scans d_out and out
-// alone: seven streams). The chunks and the arithmetic are the same in both, so the choice,
-// which depends on the thread count, leaves results bitwise unchanged.
 template <class A>
 void run_backward_causal(grad_problem& g, thread_pool* pool, index_t C, index_t nc) {
     const problem& p = g.fw;
     const index_t B = p.batch, L = p.len, H = p.heads, dvp = p.dim_vp, total = B * nc;
     prefix_table suf(B, H, dvp, nc, nullptr);
-    const index_t T = pool ? static_cast<index_t>(pool->size()) : 1;
-
-    // Chunk t from the right of item b over the heads hr. `direct`: the successor's suffix state
-    // is published (one scan); else first the local suffix alone, then wait and publish, then
-    // the gradients. `sync`: the look-back's flags are used (chunk partition).
-    auto run_chunk = [&](grad_states& st, index_t b, index_t t, head_range hr, bool sync) {
-        const index_t c = nc - 1 - t, c0 = c * C, c1 = std::min(c0 + C, L);
-        const index_t nv = p.visible[static_cast<std::size_t>(b)];
-        const state_ref sn = suf.at(b, t), sp = suf.at(b, t + 1);
-        auto scan = [&](bool grads) {
-            st.clear();
-            for (index_t l = c1 - 1; l >= c0; --l) {
-                suffix_step<A>(g, b, l, l == c1 - 1, st, hr);
-                if (l > c0) prefetch_position(g, b, l - 1, grads, hr);
-                if (!grads) continue;
-                if (l < nv) {
-                    fix_suffix<A>(g, b, l, st, sn, st.s.data(), st.r.data(), nullptr, hr);
-                    token_grads<A>(g, b, l, st, hr);
-                } else {
-                    zero_token<A>(g, b, l, st, hr);
-                }
-            }
-        };
-        if (nv == 0) {  // nothing visible: zero gradients, an empty suffix
-            for (index_t l = c0; l < c1; ++l) zero_token<A>(g, b, l, st, hr);
-            if (sync) {
-                suf.wait(b, t);
-                suf.publish(b, t + 1);
-            }
-            return;
-        }
-        const bool direct = !sync || suf.ready_now(b, t);
-        if (direct) {
-            scan(true);
-        } else {
-            scan(false);
-            suf.wait(b, t);
-        }
-        // st.sl, st.rl: the local suffix at c0 (both scans end there).
-        fix_suffix<A>(g, b, c0, st, sn, sp.n, sp.z, sp.m, hr);
-        if (sync) suf.publish(b, t + 1);
-        if (!direct) scan(true);
-    };
-
-    const index_t parts = std::min(p.heads_kv, T);
-    if (T > 1 && B * parts >= T) {
-        parallel_for(pool, B * parts, [&](std::int64_t it) {
-            const index_t b = it / parts, part = it % parts;
-            const head_range hr{part * p.heads_kv / parts, (part + 1) * p.heads_kv / parts};
-            grad_states st;
-            st.resize(g);
-            for (index_t t = 0; t < nc; ++t) run_chunk(st, b, t, hr, false);
-            simd::store_fence();
-        });
-        return;
-    }
     std::atomic<index_t> next{0};
+    const index_t T = pool ? static_cast<index_t>(pool->size()) : 1;
     const index_t workers = std::min(T, total);
     parallel_for(pool, workers, [&](std::int64_t) {
         // Allocated before the first claim: an exception after a claim would leave the chunk's
         // predecessors (to its left) waiting.
         grad_states st;
         st.resize(g);
-        for (index_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < total;)
-            run_chunk(st, it / nc, it % nc, head_range::all(p), true);
+        for (index_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
+            const index_t b = it / nc, t = it % nc, c = nc - 1 - t, c0 = c * C, c1 = std::min(c0 + C, L);
+            const index_t nv = p.visible[static_cast<std::size_t>(b)];
+            const state_ref sn = suf.at(b, t), sp = suf.at(b, t + 1);
+            auto scan = [&](bool grads) {
+                st.clear();
+                for (index_t l = c1 - 1; l >= c0; --l) {
+                    suffix_step<A>(g, b, l, l == c1 - 1, st);
+                    if (l > c0) prefetch_position(g, b, l - 1, grads);
+                    if (!grads) continue;
+                    if (l < nv) {
+                        fix_suffix<A>(g, b, l, st, sn, st.s.data(), st.r.data(), nullptr);
+                        token_grads<A>(g, b, l, st);
+                    } else {
+                        zero_token<A>(g, b, l, st);
+                    }
+                }
+            };
+            if (nv == 0) {  // nothing visible: zero gradients, an empty suffix
+                for (index_t l = c0; l < c1; ++l) zero_token<A>(g, b, l, st);
+                suf.wait(b, t);
+                suf.publish(b, t + 1);
+                continue;
+            }
+            const bool direct = suf.ready_now(b, t);
+            if (direct) {
+                scan(true);
+            } else {
+                scan(false);
+                suf.wait(b, t);
+            }
+            // st.sl, st.rl: the local suffix at c0 (both scans end there).
+            fix_suffix<A>(g, b, c0, st, sn, sp.n, sp.z, sp.m);
+            suf.publish(b, t + 1);
+            if (!direct) scan(true);
+        }
         simd::store_fence();
     });
 }
@@ -437,10 +399,9 @@ void run_backward_noncausal(grad_problem& g, thread_pool* pool, index_t C, index
         if (p.visible[static_cast<std::size_t>(b)] == 0) return;
         grad_states st;
         st.resize(g);
-        const head_range hr = head_range::all(p);
-        for (index_t l = c1 - 1; l >= c0; --l) suffix_step<A>(g, b, l, l == c1 - 1, st, hr);
+        for (index_t l = c1 - 1; l >= c0; --l) suffix_step<A>(g, b, l, l == c1 - 1, st);
         const state_ref d = part.at(it, 1);
-        fix_suffix<A>(g, b, c0, st, part.at(it, 0), d.n, d.z, d.m, hr);
+        fix_suffix<A>(g, b, c0, st, part.at(it, 0), d.n, d.z, d.m);
     });
     parallel_for(pool, B, [&](std::int64_t b) {
         if (p.visible[static_cast<std::size_t>(b)] == 0) return;
@@ -452,7 +413,7 @@ void run_backward_noncausal(grad_problem& g, thread_pool* pool, index_t C, index
             std::copy(own.n, own.n + H * dvp, st.sl.begin());
             std::copy(own.z, own.z + H, st.rl.begin());
             // Every row has the same M, so the combination weighs 1: acc = own + acc.
-            fix_suffix<A>(g, b, c * C, st, acc, acc.n, acc.z, acc.m, head_range::all(p));
+            fix_suffix<A>(g, b, c * C, st, acc, acc.n, acc.z, acc.m);
         }
     });
     parallel_for(pool, B * nc, [&](std::int64_t it) {
@@ -463,10 +424,10 @@ void run_backward_noncausal(grad_problem& g, thread_pool* pool, index_t C, index
         st.clear();
         for (index_t l = c0; l < c1; ++l) {
             if (l < nv) {
-                fix_suffix<A>(g, b, l, st, tot.at(b, 1), st.s.data(), st.r.data(), nullptr, head_range::all(p));
-                token_grads<A>(g, b, l, st, head_range::all(p));
+                fix_suffix<A>(g, b, l, st, tot.at(b, 1), st.s.data(), st.r.data(), nullptr);
+                token_grads<A>(g, b, l, st);
             } else {
-                zero_token<A>(g, b, l, st, head_range::all(p));
+                zero_token<A>(g, b, l, st);
             }
         }
         simd::store_fence();

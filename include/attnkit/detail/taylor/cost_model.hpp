@@ -81,7 +81,7 @@ inline taylor_form choose_backward_form(const attention_shape& s, const taylor_o
     const double q_rows = static_cast<double>(s.batch) * static_cast<double>(s.len_q * s.heads);
     const double k_rows = static_cast<double>(s.batch) * static_cast<double>(s.len_k * s.heads_k);
     const double row_sums = 2.0 * (q_rows + k_rows) * D * D;
-    const double local = o.causal ? q_rows * (kChunk / 2.0) : 0.0;
+    const double local = o.causal ? q_rows * (kBackwardChunk / 2.0) : 0.0;
     const double t_quad = (2.0 * pairs * (3.0 * D + 2.0 * Dv) + row_sums) / kQuadraticBackwardGflops;
     const double t_lin = (2.0 * F * (Dv + 1.0) * (2.0 * q_rows + 3.0 * k_rows) + row_sums +
                           2.0 * local * (3.0 * D + 2.0 * Dv)) /

@@ -41,6 +41,12 @@ namespace taylor {
 // Keys per chunk: the quadratic part costs ~kChunk (D + Dv) / 2 per row against F (Dv + 1)
 // for the state read, so a few percent at 64; smaller chunks add more per-chunk overhead.
 constexpr index_t kChunk = 64;
+// Keys per chunk of the backward's linear form (linear_backward.hpp): its five state products
+// per chunk and feature block are GEMMs with K or N of the chunk's length, and at 64 the calls'
+// fixed costs (packing, the features built per call, the register tiles' loads and stores of C)
+// weigh more than at 128, where the chunk-local pairs through the tile kernel still cost little
+// (docs/benchmarks.md, "Taylor attention backward": 64, 128, 192 and 256 measured).
+constexpr index_t kBackwardChunk = 128;
 // Work items to aim for before chunks are split into segments, and the fewest chunks a segment
 // may have (each segment costs one extra pass over its keys' update).
 constexpr index_t kLinearTargetItems = 4;

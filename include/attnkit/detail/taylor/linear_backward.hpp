@@ -8,7 +8,7 @@
 //   d_v_j          = R_j[:, :Dv]^T phi_k(k_j)
 // and d_q, d_k follow through the features (each feature is a product of two entries of the
 // augmented vector [x, 1], so its gradient adds to those two entries). Causal (the visible set of
-// a query is a key prefix): S runs forward over chunks of kChunk keys and R in reverse; the
+// a query is a key prefix): S runs forward over chunks of kBackwardChunk keys and R in reverse; the
 // pairs inside a chunk (query and key in the same chunk) go through the engine's backward tile
 // kernel (backward/tile_kernel.hpp with the quadratic form's row policy) on the chunk's diagonal
 // block. Not causal: one S of all visible keys, one R of all queries.
@@ -68,7 +68,7 @@ inline void feature_chain(const feature_table& ft, index_t f0, index_t f1, const
 template <class A>
 class linear_backward_item {
    public:
-    static constexpr index_t kGroup = kChunk;  // rows (or keys) per panel
+    static constexpr index_t kGroup = kBackwardChunk;  // rows (or keys) per panel
     static constexpr index_t W = simd::kLanes<A>;
     static constexpr index_t FB = chunk_buffers<A>::kFeatureBlock;
 
@@ -114,7 +114,7 @@ class linear_backward_item {
 
         // Causal: every chunk of positions (queries past key_lengths read the whole S); keys
         // past key_lengths never enter.
-        const index_t n_chunks = ((p_.causal ? s.len_k : len_) + kChunk - 1) / kChunk;
+        const index_t n_chunks = ((p_.causal ? s.len_k : len_) + kBackwardChunk - 1) / kBackwardChunk;
         if (p_.causal) {
             // Forward: the queries of chunk c read the keys of chunks < c, then chunk c enters S.
             for (index_t c = 0; c < n_chunks; ++c) {
@@ -159,8 +159,8 @@ class linear_backward_item {
     // Item rows of the queries whose positions fall in key chunk c (causal).
     void chunk_rows(index_t c, index_t& r0, index_t& r1) const {
         const index_t Lq = p_.s.len_q;
-        const index_t i0 = std::min(std::max<index_t>(c * kChunk - offset(), 0), Lq);
-        const index_t i1 = std::min(std::max<index_t>((c + 1) * kChunk - offset(), 0), Lq);
+        const index_t i0 = std::min(std::max<index_t>(c * kBackwardChunk - offset(), 0), Lq);
+        const index_t i1 = std::min(std::max<index_t>((c + 1) * kBackwardChunk - offset(), 0), Lq);
         r0 = i0 * G_, r1 = i1 * G_;
     }
 
@@ -177,7 +177,7 @@ class linear_backward_item {
     }
     // Keys of chunk c below len as [k, 1, 0] in xt_ and V~ = [v, 1] rows in vt_; returns the count.
     index_t pack_keys(index_t c, index_t& n) {
-        const index_t j0 = c * kChunk, nk = std::min(kChunk, len_ - j0);
+        const index_t j0 = c * kBackwardChunk, nk = std::min(kBackwardChunk, len_ - j0);
         n = 0;
         if (nk <= 0) return 0;
         n = (nk + W - 1) / W * W;
@@ -253,7 +253,7 @@ class linear_backward_item {
         index_t n;
         const index_t nk = pack_keys(c, n);
         if (nk <= 0) return;
-        const index_t j0 = c * kChunk;
+        const index_t j0 = c * kBackwardChunk;
         std::fill(dxt_.begin(), dxt_.begin() + (D_ + 2) * n, 0.0f);
         for (index_t f0 = 0; f0 < Fp_; f0 += FB) {
             const index_t f1 = std::min(Fp_, f0 + FB);
@@ -277,7 +277,7 @@ class linear_backward_item {
     void diagonal_block(index_t c) {
         index_t r0, r1;
         chunk_rows(c, r0, r1);
-        const index_t j0 = c * kChunk, nk = std::min(kChunk, len_ - j0);
+        const index_t j0 = c * kBackwardChunk, nk = std::min(kBackwardChunk, len_ - j0);
         if (r0 == r1 || nk <= 0) return;
         const attention_shape& s = p_.s;
         const index_t i0 = r0 / G_, n_pos = (r1 - r0) / G_, n_rows = r1 - r0;
