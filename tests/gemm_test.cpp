@@ -102,6 +102,30 @@ TEST(gemm, tile_edges_of_the_active_arch_and_the_scalar_path) {
             }
 }
 
+// An A stored without padding whose rows are one K piece long is read in place as the packed
+// panels (gemm/kernel.hpp) where every micro-panel is whole: the same bits as the same A with a
+// row stride past K (packed), for assign and add, whole and partial last micro-panels, and K
+// around the largest piece (one piece in place, two packed).
+TEST(gemm, unpadded_a_read_in_place_gives_the_bits_of_packed_a) {
+    std::uint64_t seed = 900;
+    const index_t kc_max = gemm_traits<Arch>::kMaxKc;
+    for (index_t M : {kMR, 2 * kMR, 3 * kMR + 1, 7 * kMR})
+        for (index_t K : {index_t(1), index_t(17), index_t(64), kc_max, kc_max + 1})
+            for (index_t N : {index_t(5), kNR, 2 * kNR + 3})
+                for (bool add : {false, true}) {
+                    const padded a0(M, K, 0, distribution::gaussian, seed), a1(M, K, 3, distribution::gaussian, seed);
+                    ++seed;
+                    const padded b(K, N, 1, distribution::uniform, seed++);
+                    const padded c0(M, N, 2, distribution::gaussian, seed++);
+                    padded c_in = c0, c_packed = c0;
+                    const gemm_mode mode = add ? gemm_mode::add : gemm_mode::assign;
+                    attnkit::detail::gemm(a0.cref(), b.cref(), c_in.ref(), mode);
+                    attnkit::detail::gemm(a1.cref(), b.cref(), c_packed.ref(), mode);
+                    ASSERT_TRUE(matches_product(a0, b, c_in, add ? &c0 : nullptr)) << "M " << M << " K " << K;
+                    ASSERT_EQ(c_in.buf, c_packed.buf) << "M " << M << " K " << K << " N " << N << " add " << add;
+                }
+}
+
 // Several K pieces, M slices and N slices of the cache blocking, with edge tiles in each.
 TEST(gemm, across_cache_blocks) {
     {

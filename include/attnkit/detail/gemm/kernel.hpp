@@ -217,6 +217,12 @@ void gemm_packed(const float* a, index_t lda, const float* b, index_t ldb, float
     }
     const index_t mc_max = gemm_piece(M, T::kMaxMc, T::kMR);
     const index_t nc_max = gemm_piece(N, T::kMaxNc, T::kNR);
+    // A row-major A whose rows are one K piece long (lda == K <= kc_max) is already in the packed
+    // layout (a micro-panel is kMR consecutive rows of kc floats) where every micro-panel is
+    // whole: its copy is skipped. Short-K products over a wide A (the Taylor backward's feature
+    // panels, K of a chunk's length) would otherwise copy each element of A to use it in a few
+    // register tiles only.
+    const bool a_in_place = !trans_a && lda == K && K <= kc_max && M % T::kMR == 0;
     gemm_scratch& s = thread_gemm_scratch();
     float* ap = gemm_scratch::aligned(s.a, mc_max * kc_max);
     float* bp = gemm_scratch::aligned(s.b, kc_max * nc_max);
@@ -230,6 +236,10 @@ void gemm_packed(const float* a, index_t lda, const float* b, index_t ldb, float
                 gemm_pack_b<T::kNR>(b + pc * ldb + jc, ldb, kc, nc, bp);
             for (index_t ic = 0; ic < M; ic += mc_max) {
                 const index_t mc = M - ic < mc_max ? M - ic : mc_max;
+                if (a_in_place) {
+                    gemm_macro<A>(a + ic * lda, bp, mc, nc, kc, c + ic * ldc + jc, ldc, !add);
+                    continue;
+                }
                 if (trans_a)
                     gemm_pack_a_t<A, T::kMR>(a + pc * lda + ic, lda, mc, kc, ap);
                 else

@@ -97,6 +97,7 @@ class linear_backward_item {
         phi_.assign(static_cast<std::size_t>(FB * ld), 0.0f);
         last_.assign(static_cast<std::size_t>(ld), 0.0f);
         dphi_.assign(phi_.size(), 0.0f);
+        dvt_.assign(static_cast<std::size_t>(Dv_ * kGroup), 0.0f);
 
         // Statistics: inv = 1 / (Z + eps) (0 for a row that sees nothing), and U = [inv dO, -inv D].
         item_row_sums<A>(p_, b, hk, inv_.data());
@@ -264,9 +265,15 @@ class linear_backward_item {
                 for (index_t f = 0; f < f1 - f0; ++f) std::fill_n(dphi_.data() + f * n + nk, n - nk, 0.0f);
             feature_chain<A>(ft_, f0, f1, dphi_.data(), n, false, xt_.data(), dxt_.data());
             build_features<A>(xt_.data(), n, ft_, f0, f1, false, phi_.data());
-            gemm_on<A>({phi_.data(), f1 - f0, nk, n}, gemm_op::transpose, rc.col_block(0, Dv_), gemm_op::none,
-                       {dv_.data() + j0 * Dv_, nk, Dv_, Dv_}, gemm_mode::add);
+            // d_V^T (Dv x nk) rather than d_V: the transposed operand is then R's Dv columns of the
+            // block, not the block's features (half the floats through the transposing pack).
+            gemm_on<A>(rc.col_block(0, Dv_), gemm_op::transpose, {phi_.data(), f1 - f0, nk, n}, gemm_op::none,
+                       {dvt_.data(), Dv_, nk, nk}, f0 == 0 ? gemm_mode::assign : gemm_mode::add);
         }
+        // The chunk's d_v rows hold nothing yet (the diagonal block adds to them later).
+        for (index_t u = 0; u < nk; ++u)
+            for (index_t d = 0; d < Dv_; ++d)
+                dv_[static_cast<std::size_t>((j0 + u) * Dv_ + d)] = dvt_[static_cast<std::size_t>(d * nk + u)];
         for (index_t u = 0; u < nk; ++u)
             for (index_t d = 0; d < D_; ++d)
                 dk_[static_cast<std::size_t>((j0 + u) * D_ + d)] += dxt_[static_cast<std::size_t>(d * n + u)];
@@ -290,9 +297,11 @@ class linear_backward_item {
         strided_rows_t<float> dout = rows_of(dout_);
         dout.data = dout_.ptr(0, i0, 0);
         const index_t H = s.heads, Hk = s.heads_k;
-        tq_.assign(static_cast<std::size_t>(n_pos * H * D_), 0.0f);
-        tk_.assign(static_cast<std::size_t>(nk * Hk * D_), 0.0f);
-        tv_.assign(static_cast<std::size_t>(nk * Hk * Dv_), 0.0f);
+        // Not cleared: the tile kernel writes every gradient row of this item's heads, the only
+        // rows read back below.
+        tq_.resize(static_cast<std::size_t>(n_pos * H * D_));
+        tk_.resize(static_cast<std::size_t>(nk * Hk * D_));
+        tv_.resize(static_cast<std::size_t>(nk * Hk * Dv_));
         backward::gradient_outputs go;
         go.d_q = view<float, 4>(tq_.data(), {s.batch, n_pos, H, D_}, {0, H * D_, D_, 1});
         go.d_k = view<float, 4>(tk_.data(), {s.batch, nk, Hk, D_}, {0, Hk * D_, D_, 1});
@@ -331,7 +340,7 @@ class linear_backward_item {
     float eps_;
     const feature_table& ft_;
     index_t b_ = 0, hk_ = 0, G_ = 1, D_ = 0, Dv_ = 0, T_ = 1, len_ = 0, Fp_ = 0;
-    std::vector<float> S_, U_, last_, inv_, invd_, dq_, dk_, dv_, xt_, dxt_, vt_, phi_, dphi_, tq_, tk_, tv_, sa_, sb_, buf_;
+    std::vector<float> S_, U_, last_, inv_, invd_, dq_, dk_, dv_, dvt_, xt_, dxt_, vt_, phi_, dphi_, tq_, tk_, tv_, sa_, sb_, buf_;
     std::vector<index_t> lo_, hi_;
 };
 
