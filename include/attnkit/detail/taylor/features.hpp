@@ -66,18 +66,30 @@ struct feature_table {
 };
 
 // dst[(f - f0) * n + x] = (coef_f) src[a_f * n + x] * src[b_f * n + x], x < n (a multiple of the
-// lane count), from a transposed augmented tile src [D + 2][n].
+// lane count), from a transposed augmented tile src [D + 2][n]. With w (n floats), also
+// dots[f - f0] = sum_x dst[(f - f0) * n + x] w[x], taken while the features are in registers
+// (the backward's extra state column, linear_backward.hpp: a second pass would read the block
+// back from the L2).
 template <class A>
 inline void build_features(const float* src, index_t n, const feature_table& ft, index_t f0, index_t f1,
-                           bool with_coef, float* dst) {
+                           bool with_coef, float* dst, const float* w = nullptr, float* dots = nullptr) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     for (index_t f = f0; f < f1; ++f) {
         const float* xa = src + ft.a[static_cast<std::size_t>(f)] * n;
         const float* xb = src + ft.b[static_cast<std::size_t>(f)] * n;
         float* d = dst + (f - f0) * n;
-        if (with_coef) {
-            const V c(ft.coef[static_cast<std::size_t>(f)]);
+        const V c(with_coef ? ft.coef[static_cast<std::size_t>(f)] : 1.0f);
+        if (w) {
+            V acc(0.0f);
+            for (index_t x = 0; x < n; x += W) {
+                const V y = with_coef ? simd::loadu<A>(xa + x) * simd::loadu<A>(xb + x) * c
+                                      : simd::loadu<A>(xa + x) * simd::loadu<A>(xb + x);
+                simd::storeu(d + x, y);
+                acc = simd::fma(y, simd::loadu<A>(w + x), acc);
+            }
+            dots[f - f0] = simd::hsum(acc);
+        } else if (with_coef) {
             for (index_t x = 0; x < n; x += W)
                 simd::storeu(d + x, simd::loadu<A>(xa + x) * simd::loadu<A>(xb + x) * c);
         } else {

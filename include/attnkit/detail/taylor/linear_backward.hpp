@@ -35,6 +35,7 @@
 #include "attnkit/detail/attention_problem.hpp"
 #include "attnkit/detail/backward/tile_kernel.hpp"
 #include "attnkit/detail/gemm.hpp"
+#include "attnkit/detail/gemm/pack.hpp"
 #include "attnkit/detail/taylor/features.hpp"
 #include "attnkit/detail/taylor/linear.hpp"
 #include "attnkit/detail/taylor/quadratic_backward.hpp"
@@ -98,6 +99,7 @@ class linear_backward_item {
         last_.assign(static_cast<std::size_t>(ld), 0.0f);
         dphi_.assign(phi_.size(), 0.0f);
         dvt_.assign(static_cast<std::size_t>(Dv_ * kGroup), 0.0f);
+        dots_.assign(static_cast<std::size_t>(FB), 0.0f);
 
         // Statistics: inv = 1 / (Z + eps) (0 for a row that sees nothing), and U = [inv dO, -inv D].
         item_row_sums<A>(p_, b, hk, inv_.data());
@@ -166,8 +168,23 @@ class linear_backward_item {
     }
 
     // Item rows [r0, r1) as the transposed augmented tile [q', 1, 0] in xt_ (lanes: rows).
+    // A whole chunk of rows one stride apart (keys; queries with one head per group) goes
+    // through the transposing pack (gemm/pack.hpp rows_into_tiles: the tile is the chunk, its
+    // lanes n = kGroup apart); other rows one float at a time.
+    bool pack_transposed(const float* first, index_t stride, index_t count, index_t n) {
+        if (n != kGroup || count != n) return false;
+        rows_into_tiles<A, kGroup>(first, stride, count, D_, xt_.data(), D_ + 2, 0);
+        std::fill_n(xt_.data() + D_ * n, n, 1.0f);
+        std::fill_n(xt_.data() + (D_ + 1) * n, n, 0.0f);
+        return true;
+    }
     index_t pack_rows(index_t r0, index_t r1) {
         const index_t n = (r1 - r0 + W - 1) / W * W;
+        if (G_ == 1 && pack_transposed(p_.q.row(b_, r0, hk_), p_.q.sl, r1 - r0, n)) {
+            const simd::vfloat<A> sc(p_.q_scale);
+            for (index_t x = 0; x < D_ * n; x += W) simd::storeu(xt_.data() + x, simd::loadu<A>(xt_.data() + x) * sc);
+            return n;
+        }
         std::fill(xt_.begin(), xt_.begin() + (D_ + 2) * n, 0.0f);
         for (index_t r = r0; r < r1; ++r) {
             const float* qr = p_.q.row(b_, r / G_, hk_ * G_ + r % G_);
@@ -182,12 +199,15 @@ class linear_backward_item {
         n = 0;
         if (nk <= 0) return 0;
         n = (nk + W - 1) / W * W;
-        std::fill(xt_.begin(), xt_.begin() + (D_ + 2) * n, 0.0f);
+        const bool packed = pack_transposed(p_.k.row(b_, j0, hk_), p_.k.sl, nk, n);
+        if (!packed) std::fill(xt_.begin(), xt_.begin() + (D_ + 2) * n, 0.0f);
         for (index_t u = 0; u < nk; ++u) {
-            const float* kr = p_.k.row(b_, j0 + u, hk_);
             const float* vr = p_.v.row(b_, j0 + u, hk_);
-            for (index_t d = 0; d < D_; ++d) xt_[static_cast<std::size_t>(d * n + u)] = kr[d];
-            xt_[static_cast<std::size_t>(D_ * n + u)] = 1.0f;
+            if (!packed) {
+                const float* kr = p_.k.row(b_, j0 + u, hk_);
+                for (index_t d = 0; d < D_; ++d) xt_[static_cast<std::size_t>(d * n + u)] = kr[d];
+                xt_[static_cast<std::size_t>(D_ * n + u)] = 1.0f;
+            }
             std::copy_n(vr, Dv_, vt_.data() + u * T_);
             vt_[static_cast<std::size_t>(u * T_ + Dv_)] = 1.0f;
         }
@@ -217,21 +237,23 @@ class linear_backward_item {
     // The states grow by products with Dv columns, not T = Dv + 1: the last column (ones for the
     // keys, -inv D for the queries) would take a whole register tile of columns of its own (65
     // columns cost 96 on AVX-512, 72 on AVX2), so it is added beside the product, one dot per
-    // feature.
-    void add_last_column(index_t f0, index_t f1, index_t n, index_t count, const float* weights) {
+    // feature, taken as the features are built. weights: n floats, zero past the chunk's count
+    // (the features of padding lanes are zero, but a weight there must not be Inf or NaN).
+    void add_last_column(index_t f0, index_t f1) {
         for (index_t f = f0; f < f1; ++f)
-            S_[static_cast<std::size_t>(f * T_ + Dv_)] += simd::dot<A>(phi_.data() + (f - f0) * n, weights, count);
+            S_[static_cast<std::size_t>(f * T_ + Dv_)] += dots_[static_cast<std::size_t>(f - f0)];
     }
     // R += Phi_Q^T U for rows [r0, r1).
     void queries_enter(index_t r0, index_t r1) {
         const index_t n = pack_rows(r0, r1), m = r1 - r0;
+        std::fill(last_.begin(), last_.end(), 0.0f);
         for (index_t r = r0; r < r1; ++r) last_[static_cast<std::size_t>(r - r0)] = U_[static_cast<std::size_t>(r * T_ + Dv_)];
         for (index_t f0 = 0; f0 < Fp_; f0 += FB) {
             const index_t f1 = std::min(Fp_, f0 + FB);
-            build_features<A>(xt_.data(), n, ft_, f0, f1, true, phi_.data());
+            build_features<A>(xt_.data(), n, ft_, f0, f1, true, phi_.data(), last_.data(), dots_.data());
             gemm_on<A>({phi_.data(), f1 - f0, m, n}, gemm_op::none, u_rows(r0, r1).col_block(0, Dv_), gemm_op::none,
                        state_block(f0, f1).col_block(0, Dv_), gemm_mode::add);
-            add_last_column(f0, f1, n, m, last_.data());
+            add_last_column(f0, f1);
         }
     }
     // S += Phi_K^T V~ for the keys of chunk c (summed from zero per chunk inside the GEMM's
@@ -240,13 +262,14 @@ class linear_backward_item {
         index_t n;
         const index_t nk = pack_keys(c, n);
         if (nk <= 0) return;
+        std::fill(last_.begin(), last_.end(), 0.0f);
         std::fill_n(last_.data(), nk, 1.0f);
         for (index_t f0 = 0; f0 < Fp_; f0 += FB) {
             const index_t f1 = std::min(Fp_, f0 + FB);
-            build_features<A>(xt_.data(), n, ft_, f0, f1, false, phi_.data());
+            build_features<A>(xt_.data(), n, ft_, f0, f1, false, phi_.data(), last_.data(), dots_.data());
             gemm_on<A>({phi_.data(), f1 - f0, nk, n}, gemm_op::none, {vt_.data(), nk, Dv_, T_}, gemm_op::none,
                        state_block(f0, f1).col_block(0, Dv_), gemm_mode::add);
-            add_last_column(f0, f1, n, nk, last_.data());
+            add_last_column(f0, f1);
         }
     }
     // d_k, d_v of the keys of chunk c += through R (the queries that see them outside the chunk).
@@ -340,7 +363,7 @@ class linear_backward_item {
     float eps_;
     const feature_table& ft_;
     index_t b_ = 0, hk_ = 0, G_ = 1, D_ = 0, Dv_ = 0, T_ = 1, len_ = 0, Fp_ = 0;
-    std::vector<float> S_, U_, last_, inv_, invd_, dq_, dk_, dv_, dvt_, xt_, dxt_, vt_, phi_, dphi_, tq_, tk_, tv_, sa_, sb_, buf_;
+    std::vector<float> S_, U_, last_, inv_, invd_, dq_, dk_, dv_, dvt_, dots_, xt_, dxt_, vt_, phi_, dphi_, tq_, tk_, tv_, sa_, sb_, buf_;
     std::vector<index_t> lo_, hi_;
 };
 
