@@ -112,8 +112,11 @@ TEST(gated_mlp_backward, matches_oracle_on_edge_sizes) {
                 SCOPED_TRACE(::testing::Message() << "N " << N << " d " << d << " m " << m);
                 expect_matches_oracle(make(N, d, m, seed += 10));
             }
-    for (auto [N, d, m] : {std::array<index_t, 3>{2100, 24, 20}, {50, 24, 255}, {50, 24, 256}, {70, 24, 257},
-                           {40, 20, 600}}) {
+    // Row blocks (kMlpBackwardRows, and output blocks of kMlpBackwardBlockRows within one) and
+    // slices of the hidden width (kMlpBackwardSlice) around their edges.
+    constexpr index_t S = attnkit::detail::kMlpBackwardSlice;
+    for (auto [N, d, m] : {std::array<index_t, 3>{2100, 24, 20}, {50, 24, S - 1}, {50, 24, S}, {70, 24, S + 1},
+                           {40, 20, 2 * S + 37}}) {
         SCOPED_TRACE(::testing::Message() << "N " << N << " d " << d << " m " << m);
         expect_matches_oracle(make(N, d, m, seed += 10));
     }

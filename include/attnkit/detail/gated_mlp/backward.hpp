@@ -25,20 +25,24 @@
 namespace attnkit {
 namespace detail {
 
-// Rows per block: the slice intermediates (4 x rows x slice floats, 16 MiB at 2048 x 512) stay
+// Rows per block: the slice intermediates (4 x rows x slice floats, 20 MiB at 2048 x 640) stay
 // in the last-level cache while the weight gradients' products read them.
 constexpr index_t kMlpBackwardRows = 2048;
 // Columns of m per slice: a multiple of every register tile's width (8, 16, 32). The weight
 // gradients' products have only d_model x slice outputs for a K of the block's rows, and each
 // output block packs its own operands, so a wide slice keeps that packing small against the
-// FMAs (256 columns measured slower).
-constexpr index_t kMlpBackwardSlice = 512;
-// Output rows per block of the products over the rows (G, U, dZ, d_x): 256 rows, a few blocks
-// per thread, each packing its weight slice once per 256 rows.
-constexpr index_t kMlpBackwardBlockRows = 256;
-// The weight gradients' blocks: d_model in four near-equal parts (rounded to 8 rows), so two or
-// four threads share them evenly.
-inline index_t mlp_weight_block_rows(index_t d_model) { return ((d_model + 3) / 4 + 7) / 8 * 8; }
+// FMAs (256, 384, 512, 608, 640 and the whole 1216 measured: docs/benchmarks.md, "Gated MLP and
+// StaticEmbQK backward").
+constexpr index_t kMlpBackwardSlice = 640;
+// Output rows per block of the products over the rows (G, U, dZ, d_x): each block packs its
+// weight slice once, and a packed element of B then feeds rows / lanes vector FMAs, so a
+// transposing pack at about a cycle per float costs 1/8 of the FMAs' time at 256 rows and 1/32
+// at 1024; two blocks of a 2048-row block still give two threads one each.
+constexpr index_t kMlpBackwardBlockRows = 1024;
+// The weight gradients' blocks: d_model in two near-equal parts (rounded to 8 rows), one per
+// thread of two, each packing the block's slice intermediates once (four parts packed them
+// four times, against 224 rows of FMAs each).
+inline index_t mlp_weight_block_rows(index_t d_model) { return ((d_model + 1) / 2 + 7) / 8 * 8; }
 
 template <class A, int R>
 void gated_mlp_backward_run(const view<const float, R>& x, const view<const float, 2>& w_gate,

@@ -32,7 +32,8 @@ ATTNKIT_ALWAYS_INLINE void gemm_tile(const float* ap, const float* bp, index_t k
     alignas(64) float acc[MR * NR];
     V unused_max[kVecs];  // scores_tile's per-row max, skipped with valid = 0
     // The tile's rows of C are read (or written) last; their lines arrive while the FMAs run.
-    for (index_t m = 0; m < mr; ++m) ATTNKIT_PREFETCH(c + m * ldc);
+    for (index_t m = 0; m < mr; ++m)
+        for (index_t j = 0; j < nr; j += 64 / static_cast<index_t>(sizeof(float))) ATTNKIT_PREFETCH(c + m * ldc + j);
     scores_tile<A>(ap, kc, bp, kc, acc, 0, unused_max);
     if (mr == MR && nr == NR) {
         ATTNKIT_UNROLL for (index_t m = 0; m < MR; ++m)
