@@ -58,7 +58,12 @@ struct grad_problem {
     index_t dim_p = 0;   // D rounded up to the lane width: the d_k accumulator's length
     bool stream = false;  // non-temporal stores of the gradient rows
     // Pass 1, [B][L][H] each: the gate, the max M and a = 1 / z of the forward's state at the row.
-    std::vector<float> gate, mx, inv;
+    // The calling thread's scratch (scratch.hpp): megabytes at long L, which allocated per call
+    // would be faulted in and zeroed again each time.
+    scratch_lease<> gate_lease, mx_lease, inv_lease;
+    std::vector<float>& gate = gate_lease.get();
+    std::vector<float>& mx = mx_lease.get();
+    std::vector<float>& inv = inv_lease.get();
 
     const float* at(const std::vector<float>& x, index_t b, index_t l) const {
         return x.data() + (b * fw.len + l) * fw.heads;
