@@ -220,16 +220,17 @@ INSTANTIATE_TEST_SUITE_P(taylor_attention_backward, sweep, ::testing::ValuesIn(a
 // Longer sequences, where the linear form runs many chunks and the quadratic form many blocks;
 // with one query head per key/value head (H 1) whole chunks of queries take the transposing pack.
 TEST(taylor_attention_backward, long_causal_sequences) {
-    for (index_t H : {2, 1})
-    for (index_t D : {16, 32}) {
-        SCOPED_TRACE(std::to_string(D) + " H " + std::to_string(H));
-        taylor_options o;
-        o.causal = true;
-        const tensor4<float> q = random_bshd(1, 300, H, D, distribution::gaussian, 51);
-        const tensor4<float> k = random_bshd(1, 333, 1, D, distribution::gaussian, 52);
-        const tensor4<float> v = random_bshd(1, 333, 1, 24, distribution::gaussian, 53);
-        const tensor4<float> dout = random_bshd(1, 300, H, 24, distribution::gaussian, 54);
-        expect_matches_oracle(q, k, v, dout, o);
+    for (index_t H : {2, 1}) {
+        for (index_t D : {16, 32}) {
+            SCOPED_TRACE(std::to_string(D) + " H " + std::to_string(H));
+            taylor_options o;
+            o.causal = true;
+            const tensor4<float> q = random_bshd(1, 300, H, D, distribution::gaussian, 51);
+            const tensor4<float> k = random_bshd(1, 333, 1, D, distribution::gaussian, 52);
+            const tensor4<float> v = random_bshd(1, 333, 1, 24, distribution::gaussian, 53);
+            const tensor4<float> dout = random_bshd(1, 300, H, 24, distribution::gaussian, 54);
+            expect_matches_oracle(q, k, v, dout, o);
+        }
     }
 }
 
