@@ -2,13 +2,16 @@
 //
 // Families (names "<family>/L:../D:../H:../causal:1/threads:N"), B = 1, H = Hk = 8, D = Dv = 128,
 // causal, L in {4096, 32768}, threads 1 and 2:
-//   backward  attnkit::self_gating_attention_backward
-//   forward   attnkit::self_gating_attention on the same inputs (the pass a training step runs first)
+//   backward      attnkit::self_gating_attention_backward
+//   backward_lse  the same given the forward's lse (self_gating_attention(q, k, v, out, lse)):
+//                 no pass over q and k for the rows' statistics
+//   forward       attnkit::self_gating_attention on the same inputs (the pass a training step runs first)
+//   forward_lse   the same, also writing lse
 // Counters: GB/s = the bytes one backward must move once (q, k, v, out and d_out read; d_q, d_k
 // and d_v written: 8 L H D floats) per second, for both families, so that their times compare;
 // bw_frac = that over the 8-stream DRAM read bandwidth measured in the same run with as many
-// threads (common/bench_main.hpp). The backward reads q and k twice (its gates pass, then the
-// reverse scan): the counted bytes are the minimum, not what crosses the bus.
+// threads (common/bench_main.hpp). The backward without lse reads q and k twice (its gates pass,
+// then the reverse scan): the counted bytes are the minimum, not what crosses the bus.
 // After the timed loop the gradients are checked: finite, and a few tokens of two heads against a
 // double recomputation, otherwise SkipWithError.
 #include <cmath>
@@ -16,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -34,7 +38,10 @@ constexpr std::int64_t kH = 8, kD = 128;
 
 struct inputs {
     tensor4 q, k, v, out, dout;
+    Eigen::Tensor<float, 3, Eigen::RowMajor> lse;
 };
+
+enum class family { backward, backward_lse, forward, forward_lse };
 
 const inputs& inputs_for(std::int64_t L) {
     static std::map<std::int64_t, std::unique_ptr<inputs>> cache;
@@ -51,9 +58,10 @@ const inputs& inputs_for(std::int64_t L) {
             for (std::int64_t i = 0; i < t->size(); ++i) t->data()[i] = (next() + next() + next() - 1.5f) * 2.0f;
         }
         p->out.resize(1, L, kH, kD);
+        p->lse.resize(1, L, kH);
         attnkit::self_gating_options o;
         o.causal = true;
-        attnkit::self_gating_attention(p->q, p->k, p->v, p->out, o);
+        attnkit::self_gating_attention(p->q, p->k, p->v, p->out, p->lse, o);
     }
     return *p;
 }
@@ -105,23 +113,37 @@ bool check(const inputs& in, const tensor4& dq, const tensor4& dv, std::string& 
     return true;
 }
 
-void BM_case(benchmark::State& state, bool backward, std::int64_t L, int threads) {
+void BM_case(benchmark::State& state, family f, std::int64_t L, int threads) {
     const inputs& in = inputs_for(L);
     tensor4 dq(1, L, kH, kD), dk(1, L, kH, kD), dv(1, L, kH, kD), out(1, L, kH, kD);
+    Eigen::Tensor<float, 3, Eigen::RowMajor> lse(1, L, kH);
     attnkit::self_gating_options o;
     o.causal = true;
     o.pool = shared_pool(threads);
-    // One untimed call: the gradients' pages are faulted in here, not in the first timed call.
-    attnkit::self_gating_attention_backward(in.q, in.k, in.v, in.out, in.dout, dq, dk, dv, o);
-    attnkit::self_gating_attention(in.q, in.k, in.v, out, o);
+    auto run = [&] {
+        switch (f) {
+            case family::backward:
+                attnkit::self_gating_attention_backward(in.q, in.k, in.v, in.out, in.dout, dq, dk, dv, o);
+                break;
+            case family::backward_lse:
+                attnkit::self_gating_attention_backward(in.q, in.k, in.v, in.out, in.lse, in.dout, dq, dk, dv, o);
+                break;
+            case family::forward:
+                attnkit::self_gating_attention(in.q, in.k, in.v, out, o);
+                break;
+            case family::forward_lse:
+                attnkit::self_gating_attention(in.q, in.k, in.v, out, lse, o);
+                break;
+        }
+    };
+    // One untimed call: the outputs' pages are faulted in here, not in the first timed call.
+    run();
     for (auto _ : state) {
-        if (backward)
-            attnkit::self_gating_attention_backward(in.q, in.k, in.v, in.out, in.dout, dq, dk, dv, o);
-        else
-            attnkit::self_gating_attention(in.q, in.k, in.v, out, o);
+        run();
         benchmark::ClobberMemory();
     }
     std::string why;
+    const bool backward = f == family::backward || f == family::backward_lse;
     if (backward && !check(in, dq, dv, why)) state.SkipWithError(why.c_str());
     state.counters["GB/s"] = benchmark::Counter(bytes_of(L) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
     state.counters["bw_frac"] =
@@ -131,10 +153,13 @@ void BM_case(benchmark::State& state, bool backward, std::int64_t L, int threads
 void register_all() {
     for (std::int64_t L : {4096, 32768})
         for (int t : kThreadCounts)
-            for (bool backward : {true, false}) {
-                const std::string name = std::string(backward ? "backward" : "forward") + "/L:" + std::to_string(L) +
+            for (const auto& [f, fname] : {std::pair<family, const char*>{family::backward, "backward"},
+                                           {family::backward_lse, "backward_lse"},
+                                           {family::forward, "forward"},
+                                           {family::forward_lse, "forward_lse"}}) {
+                const std::string name = std::string(fname) + "/L:" + std::to_string(L) +
                                          "/D:128/H:8/causal:1/threads:" + std::to_string(t);
-                benchmark::RegisterBenchmark(name.c_str(), BM_case, backward, L, t)
+                benchmark::RegisterBenchmark(name.c_str(), BM_case, f, L, t)
                     ->UseRealTime()
                     ->Unit(benchmark::kMillisecond);
             }

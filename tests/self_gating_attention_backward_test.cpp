@@ -47,14 +47,22 @@ struct weighted_grads_d : grads_d {
     double col_sum = 0.0;  // the largest column sum of the weights over a key/value head's rows
 };
 
+// with_lse: the forward keeps lse and the backward takes it (no pass over q and k of its own).
 grads run_fast(const tensor4<float>& q, const tensor4<float>& k, const tensor4<float>& v, const tensor4<float>& dout,
-               const self_gating_options& o, tensor4<float>* out_used = nullptr) {
+               const self_gating_options& o, tensor4<float>* out_used = nullptr, bool with_lse = false) {
     const index_t B = q.dimension(0), L = q.dimension(1), H = q.dimension(2), D = q.dimension(3);
     const index_t Hk = k.dimension(2), Dv = v.dimension(3);
     tensor4<float> out(B, L, H, Dv);
-    attnkit::self_gating_attention(q, k, v, out, o);
+    tensor3<float> lse = make_lse<float>(B, L, H, kNaN);
+    if (with_lse)
+        attnkit::self_gating_attention(q, k, v, out, lse, o);
+    else
+        attnkit::self_gating_attention(q, k, v, out, o);
     grads g{make_bshd<float>(B, L, H, D, kNaN), make_bshd<float>(B, L, Hk, D, kNaN), make_bshd<float>(B, L, Hk, Dv, kNaN)};
-    attnkit::self_gating_attention_backward(q, k, v, out, dout, g.dq, g.dk, g.dv, o);
+    if (with_lse)
+        attnkit::self_gating_attention_backward(q, k, v, out, lse, dout, g.dq, g.dk, g.dv, o);
+    else
+        attnkit::self_gating_attention_backward(q, k, v, out, dout, g.dq, g.dk, g.dv, o);
     if (out_used) *out_used = out;
     return g;
 }
@@ -73,15 +81,18 @@ weighted_grads_d run_oracle(const tensor4<float>& q, const tensor4<float>& k, co
     return g;
 }
 
+// The tolerance covers both forms: lse's rounding (eps |lse| <= eps (S + log L)) is of the
+// order of the gates' own (eps S).
 void expect_matches_oracle(const tensor4<float>& q, const tensor4<float>& k, const tensor4<float>& v,
-                           const tensor4<float>& dout, const self_gating_options& o, bool equal_nan = false) {
-    grads got = run_fast(q, k, v, dout, o);
+                           const tensor4<float>& dout, const self_gating_options& o, bool equal_nan = false,
+                           bool with_lse = false) {
+    grads got = run_fast(q, k, v, dout, o, nullptr, with_lse);
     weighted_grads_d want = run_oracle(q, k, v, dout, o);
     if (equal_nan) {
         nan_if_not_finite_all(got), nan_if_not_finite_all(want);
     }
     const double scale = static_cast<double>(attnkit::detail::resolve_scale(o.scale, q.dimension(3)));
-    const double s1 = 1.0 + scale * max_row_norm(q) * max_row_norm(k);
+    const double s1 = 1.0 + scale * max_row_norm(q) * max_row_norm(k) + std::log(double(q.dimension(1)) + 1.0);
     const double c = std::max(1.0, want.col_sum);
     const double dp = max_row_norm(dout) * max_row_norm(v);
     const double m_dq = 2 * scale * dp * max_row_norm(k) * c, m_dk = 2 * scale * dp * max_row_norm(q) * c;
@@ -151,6 +162,7 @@ TEST_P(sweep_test, matches_oracle) {
     const tensor4<float> v = random_bshd(c.B, c.L, c.Hk, c.Dv, c.dist, c.seed + 2);
     const tensor4<float> dout = random_bshd(c.B, c.L, c.H, c.Dv, c.dist, c.seed + 3);
     expect_matches_oracle(q, k, v, dout, c.o);
+    expect_matches_oracle(q, k, v, dout, c.o, false, /*with_lse=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(self_gating_attention_backward, sweep_test, ::testing::ValuesIn(sweep()),
@@ -177,10 +189,13 @@ TEST(self_gating_attention_backward, large_gates_are_finite_and_correct) {
                 const double target = (l % 5 == 0 ? 1000.0 : 990.0 - 3.0 * static_cast<double>(l % 7)) * (h == 1 ? -1 : 1);
                 for (index_t d = 0; d < D; ++d) q(0, l, h, d) = static_cast<float>(q(0, l, h, d) * target / g);
             }
-        const grads got = run_fast(q, k, v, dout, o);
-        for (const tensor4<float>* t : {&got.dq, &got.dk, &got.dv})
-            for (index_t i = 0; i < t->size(); ++i) ASSERT_TRUE(std::isfinite(t->data()[i])) << i;
-        expect_matches_oracle(q, k, v, dout, o);
+        for (bool with_lse : {false, true}) {
+            SCOPED_TRACE(with_lse ? "with lse" : "without lse");
+            const grads got = run_fast(q, k, v, dout, o, nullptr, with_lse);
+            for (const tensor4<float>* t : {&got.dq, &got.dk, &got.dv})
+                for (index_t i = 0; i < t->size(); ++i) ASSERT_TRUE(std::isfinite(t->data()[i])) << i;
+            expect_matches_oracle(q, k, v, dout, o, false, with_lse);
+        }
     }
 }
 
@@ -210,21 +225,23 @@ TEST(self_gating_attention_backward, thread_count_gives_bitwise_identical_result
             const tensor4<float> k = random_bshd(B, 517, Hk, 20, distribution::outliers, 102);
             const tensor4<float> v = random_bshd(B, 517, Hk, 17, distribution::outliers, 103);
             const tensor4<float> dout = random_bshd(B, 517, H, 17, distribution::outliers, 104);
-            const grads one = run_fast(q, k, v, dout, o);
-            for (int n : {2, 3}) {
-                attnkit::thread_pool pool(n);
-                self_gating_options on = o;
-                on.pool = &pool;
-                // Repeats look for a schedule-dependent result; under a sanitizer one run per
-                // pool size checks the memory accesses (the native build repeats).
-                for (int rep = 0; rep < (kSanitizerSweep ? 1 : 3); ++rep) {
-                    const grads many = run_fast(q, k, v, dout, on);
-                    EXPECT_TRUE(same_bits(one.dq, many.dq)) << n << " threads, d_q";
-                    EXPECT_TRUE(same_bits(one.dk, many.dk)) << n << " threads, d_k";
-                    EXPECT_TRUE(same_bits(one.dv, many.dv)) << n << " threads, d_v";
+            for (bool with_lse : {false, true}) {
+                const grads one = run_fast(q, k, v, dout, o, nullptr, with_lse);
+                for (int n : {2, 3}) {
+                    attnkit::thread_pool pool(n);
+                    self_gating_options on = o;
+                    on.pool = &pool;
+                    // Repeats look for a schedule-dependent result; under a sanitizer one run per
+                    // pool size checks the memory accesses (the native build repeats).
+                    for (int rep = 0; rep < (kSanitizerSweep ? 1 : 3); ++rep) {
+                        const grads many = run_fast(q, k, v, dout, on, nullptr, with_lse);
+                        EXPECT_TRUE(same_bits(one.dq, many.dq)) << n << " threads, d_q, lse " << with_lse;
+                        EXPECT_TRUE(same_bits(one.dk, many.dk)) << n << " threads, d_k, lse " << with_lse;
+                        EXPECT_TRUE(same_bits(one.dv, many.dv)) << n << " threads, d_v, lse " << with_lse;
+                    }
                 }
+                expect_matches_oracle(q, k, v, dout, o, false, with_lse);
             }
-            expect_matches_oracle(q, k, v, dout, o);
         }
 }
 
@@ -250,6 +267,7 @@ TEST(self_gating_attention_backward, non_finite_inputs_stay_where_they_belong) {
             q(1, 20, 3, 4) = kNaN;
             dout(2, 30, 0, 2) = bad;  // item 2, head 0: tokens 0..30 (causal)
             expect_matches_oracle(q, k, v, dout, o, /*equal_nan=*/true);
+            expect_matches_oracle(q, k, v, dout, o, /*equal_nan=*/true, /*with_lse=*/true);
             const grads g = run_fast(q, k, v, dout, o);
             for (index_t d = 0; d < 9; ++d) {
                 EXPECT_TRUE(std::isfinite(g.dq(1, 20, 0, d)) && std::isfinite(g.dk(1, 20, 0, d)));
@@ -271,7 +289,8 @@ TEST(self_gating_attention_backward, masked_tokens_get_zero) {
         const tensor4<float> k = random_bshd(2, 9, 2, 6, distribution::gaussian, 122);
         const tensor4<float> v = random_bshd(2, 9, 2, 5, distribution::gaussian, 123);
         const tensor4<float> dout = random_bshd(2, 9, 2, 5, distribution::gaussian, 124);
-        const grads g = run_fast(q, k, v, dout, o);
+        for (bool with_lse : {false, true}) {
+        const grads g = run_fast(q, k, v, dout, o, nullptr, with_lse);
         for (index_t l = 0; l < 9; ++l)
             for (index_t h = 0; h < 2; ++h) {
                 for (index_t d = 0; d < 6; ++d) {
@@ -289,7 +308,8 @@ TEST(self_gating_attention_backward, masked_tokens_get_zero) {
                     }
                 }
             }
-        expect_matches_oracle(q, k, v, dout, o);
+        expect_matches_oracle(q, k, v, dout, o, false, with_lse);
+        }
     }
 }
 
@@ -394,6 +414,17 @@ TEST(self_gating_attention_backward, bad_input_rejected_before_writing) {
     Eigen::TensorMap<tensor4<float>> dk_map(shared.data(), B, L, Hk, D);
     Eigen::TensorMap<tensor4<float>> dv_map(shared.data(), B, L, Hk, Dv);
     expect_invalid([&] { attnkit::self_gating_attention_backward(q, k, v, out, dout, dq, dk_map, dv_map); }, "d_");
+    untouched();
+    // The lse form: lse of the wrong shape, a gradient over lse.
+    tensor3<float> lse = make_lse<float>(B, L, H), bad_lse = make_lse<float>(B, L, H + 1);
+    attnkit::self_gating_attention(q, k, v, out, lse);
+    expect_invalid([&] { attnkit::self_gating_attention_backward(q, k, v, out, bad_lse, dout, dq, dk, dv); },
+                   {"lse", "[1, 4, 3]"});
+    std::vector<float> lse_and_dv(static_cast<std::size_t>(B * L * Hk * Dv), 5.0f);
+    Eigen::TensorMap<tensor3<float>> lse_over_dv(lse_and_dv.data(), B, L, H);
+    Eigen::TensorMap<tensor4<float>> dv_over_lse(lse_and_dv.data(), B, L, Hk, Dv);
+    expect_invalid([&] { attnkit::self_gating_attention_backward(q, k, v, out, lse_over_dv, dout, dq, dk, dv_over_lse); },
+                   "lse");
     untouched();
     for (float x : shared) EXPECT_EQ(5.0f, x);
 }

@@ -48,6 +48,15 @@ tolerance out_tol(const Q& q, const K& k, const V& v, const self_gating_options&
     return tolerance_for(eps, max_abs(v) * (1.0 + scale * max_row_norm(q) * max_row_norm(k)));
 }
 
+// lse = M + log z, M the largest gate a row sees (|M| <= S) and 1 <= z <= L: the gates'
+// rounding (eps S each), log's and the sum's (eps log L).
+template <class Q, class K>
+tolerance lse_tol(const Q& q, const K& k, const self_gating_options& o) {
+    const auto qv = as_view(q);
+    const double scale = attnkit::detail::resolve_scale(o.scale, qv.dims[3]);
+    return tolerance_for(kOutEps, 1.0 + scale * max_row_norm(q) * max_row_norm(k) + std::log(double(qv.dims[1]) + 1.0));
+}
+
 template <class Q, class K, class V>
 tensor4<float> run_fast(const Q& q, const K& k, const V& v, const self_gating_options& o) {
     const auto qv = as_view(q), vv = as_view(v);
@@ -191,6 +200,15 @@ TEST_P(SelfGatingSweep, MatchesReference) {
         o.key_lengths = c.key_lengths;
         const tensor4<float> out = run_fast(q, k, v, o);
         EXPECT_TRUE(all_close(out, run_reference(q, k, v, o), out_tol(q, k, v, o))) << name(d);
+        // The lse overload: the same output bits, and lse within the rounding of its gates.
+        tensor4<float> out_l = make_bshd<float>(c.B, c.L, c.H, c.Dv, kNaN);
+        tensor3<float> lse = make_lse<float>(c.B, c.L, c.H, kNaN);
+        attnkit::self_gating_attention(q, k, v, out_l, lse, o);
+        EXPECT_TRUE(bitwise_equal(out_l, out)) << name(d) << ": output with lse";
+        tensor4<double> out_d = make_bshd<double>(c.B, c.L, c.H, c.Dv);
+        tensor3<double> lse_d = make_lse<double>(c.B, c.L, c.H);
+        attnkit::reference::self_gating_attention(q, k, v, out_d, lse_d, o);
+        EXPECT_TRUE(all_close(lse, lse_d, lse_tol(q, k, o))) << name(d) << ": lse";
     }
 }
 
@@ -300,6 +318,18 @@ TEST(SelfGatingThreads, BitwiseDeterministic) {
             EXPECT_TRUE(bitwise_equal(run_fast(q, k, v, o), one)) << s.L << " 3 threads";
             o.pool = nullptr;
             EXPECT_TRUE(all_close(one, prefix_oracle(q, k, v, o), out_tol(q, k, v, o)));
+            // lse: the same bits for any thread count (rows made during the scan, from the
+            // buffer of a chunk that waited, and filled past key_lengths).
+            tensor3<float> lse_one = make_lse<float>(s.B, s.L, s.H, kNaN);
+            tensor4<float> out_l = make_bshd<float>(s.B, s.L, s.H, 20, kNaN);
+            attnkit::self_gating_attention(q, k, v, out_l, lse_one, o);
+            for (attnkit::thread_pool* pool : {&p2, &p3}) {
+                o.pool = pool;
+                tensor3<float> lse_n = make_lse<float>(s.B, s.L, s.H, kNaN);
+                attnkit::self_gating_attention(q, k, v, out_l, lse_n, o);
+                EXPECT_EQ(std::memcmp(lse_n.data(), lse_one.data(), sizeof(float) * std::size_t(lse_n.size())), 0)
+                    << s.L << " lse, " << pool->size() << " threads";
+            }
         }
 }
 
@@ -441,8 +471,23 @@ TEST(SelfGating, BadInputThrowsBeforeWriting) {
     std::vector<float> buf(static_cast<std::size_t>(2 * 9 * 4 * 12));
     attnkit::view<float, 4> strided_out(buf.data(), {2, 9, 4, 6}, {9 * 4 * 12, 4 * 12, 12, 2});
     expect_bad(q, k, v, strided_out, none, "contiguous");
+    // lse of the wrong shape, or over out: nothing written to either.
+    tensor3<float> lse_bad = make_lse<float>(2, 9, 3, 7.0f);
+    try {
+        attnkit::self_gating_attention(q, k, v, out, lse_bad, none);
+        ADD_FAILURE() << "no throw: lse [2, 9, 3]";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("lse"), std::string::npos) << e.what();
+    }
+    try {
+        attnkit::self_gating_attention(q, k, v, out, attnkit::view<float, 3>(out.data(), {2, 9, 4}), none);
+        ADD_FAILURE() << "no throw: lse over out";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("lse"), std::string::npos) << e.what();
+    }
     EXPECT_TRUE(all_equal_to(out, 7.0f));
     EXPECT_TRUE(all_equal_to(small, 7.0f));
+    EXPECT_TRUE(all_equal_to(lse_bad, 7.0f));
 }
 
 }  // namespace

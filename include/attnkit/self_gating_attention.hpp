@@ -84,13 +84,20 @@ problem make_problem(const view<const float, 4>& q, const view<const float, 4>& 
 }
 
 // A wrong element type (or a mix) stops at the static_assert alone: nothing else is instantiated.
-template <class A, class TQ, class TK, class TV, class TO>
+template <class A, class TQ, class TK, class TV, class TO, class TL>
 void attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v,
-                    const view<TO, 4>& out, const self_gating_options& opts) {
-    ATTNKIT_IF_FLOAT("attnkit::self_gating_attention: float storage (q, k, v and out float tensors)", q, k, v, out) {
-        const attention_shape s = check_call(q, k, v, out, opts);
+                    const view<TO, 4>& out, const view<TL, 3>* lse, const self_gating_options& opts) {
+    ATTNKIT_IF_FLOAT("attnkit::self_gating_attention: float storage (q, k, v, out and lse float tensors)", q, k, v,
+                     out, *lse) {
+        const attention_shape s = check_call(q, k, v, out, opts, lse);
         scratch_lease<index_t> visible;
-        const problem p = make_problem<A>(q, k, v, out, s, opts.scale, opts.causal, opts.key_lengths, 0, visible.get());
+        problem p = make_problem<A>(q, k, v, out, s, opts.scale, opts.causal, opts.key_lengths, 0, visible.get());
+        if (lse) {
+            p.lse = lse->data;
+            p.lb = lse->strides[0];
+            p.ll = lse->strides[1];
+            p.lh = lse->strides[2];
+        }
         run<A>(p, opts.pool, nullptr, nullptr);
     }
 }
@@ -104,7 +111,19 @@ void attention_impl(const view<const TQ, 4>& q, const view<const TK, 4>& k, cons
 template <class Q, class K, class V, class O>
 void self_gating_attention(const Q& q, const K& k, const V& v, O&& out, const self_gating_options& opts = {}) {
     detail::self_gating::attention_impl<simd::default_arch>(detail::q_view(q), detail::k_view(k), detail::v_view(v),
-                                                            detail::out_view(out), opts);
+                                                            detail::out_view(out),
+                                                            static_cast<const view<float, 3>*>(nullptr), opts);
+}
+
+// Also writes lse [B, L, H] (any strides): the natural log of sum_j exp(g_j) over the tokens row i
+// sees, -inf for a row that sees none. self_gating_attention_backward takes it back and then
+// skips its own pass over q and k for the rows' statistics.
+template <class Q, class K, class V, class O, class L,
+          std::enable_if_t<detail::kIsLseArg<L, self_gating_options>, int> = 0>
+void self_gating_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse, const self_gating_options& opts = {}) {
+    const auto lse_v = detail::lse_view(lse);
+    detail::self_gating::attention_impl<simd::default_arch>(detail::q_view(q), detail::k_view(k), detail::v_view(v),
+                                                            detail::out_view(out), &lse_v, opts);
 }
 
 //   attnkit::self_gating_state st(B, H, Hk, D, Dv, opts);

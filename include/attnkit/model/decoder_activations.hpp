@@ -6,7 +6,7 @@
 //   x_in, h        the layer's input and its RMSNorm              2 d
 //   q, k, v        after RoPE (what the attention kernel read)     (H + 2 Hk) D
 //   att            the attention output (the o_proj input)         H D
-//   lse            softmax's log-sum-exp (standard layers)         H
+//   lse            log-sum-exp (softmax and self-gating layers)    H
 //   q_lin          self-gating: Wq h before SiLU                   H D
 //   x_mid, h2      the feed-forward sublayer's input and its norm  2 d
 // so 4 d + 2 (H + Hk) D + H floats per token and layer (about 8 d with H = Hk, 32 KiB per token

@@ -270,8 +270,9 @@ inline void decoder::train_forward(const train_input& p) {
                     case attention_variant::taylor:
                         taylor_attention(k.v4(s.q, H), k.v4(s.k, Hk), v, att, k.to);
                         break;
-                    case attention_variant::self_gating:
-                        self_gating_attention(k.v4(s.q, H), k.v4(s.k, Hk), v, att, k.go);
+                    case attention_variant::self_gating:  // lse spares the backward a pass over q and k
+                        fit(s.lse, B, L, H);
+                        self_gating_attention(k.v4(s.q, H), k.v4(s.k, Hk), v, att, s.lse, k.go);
                         break;
                     case attention_variant::mta:
                         mta_attention(k.v4(s.q, H), k.v4(s.k, Hk), v, att, l.mta_opts(c_));
@@ -346,7 +347,8 @@ inline void decoder::train_backward(const train_input& p, decoder_gradients& g) 
                             taylor_attention_backward(k.v4(s.q, H), k.v4(s.k, Hk), v, att, datt, dq, dk, dv, k.to);
                             break;
                         case attention_variant::self_gating:
-                            self_gating_attention_backward(k.v4(s.q, H), k.v4(s.k, Hk), v, att, datt, dq, dk, dv, k.go);
+                            self_gating_attention_backward(k.v4(s.q, H), k.v4(s.k, Hk), v, att, s.lse, datt, dq, dk, dv,
+                                                           k.go);
                             break;
                         case attention_variant::mta: {
                             mta_weight_grads w;

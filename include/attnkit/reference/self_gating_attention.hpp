@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -32,10 +33,11 @@ namespace attnkit {
 namespace reference {
 namespace self_gating_impl {
 
-template <class TQ, class TK, class TV, class TO>
+template <class TQ, class TK, class TV, class TO, class TL = double>
 void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<const TV, 4>& v, const view<TO, 4>& out,
-         Eigen::Tensor<double, 4, Eigen::RowMajor>* weights, const self_gating_options& opts) {
-    const attnkit::detail::attention_shape s = attnkit::detail::self_gating::check_call(q, k, v, out, opts);
+         Eigen::Tensor<double, 4, Eigen::RowMajor>* weights, const self_gating_options& opts,
+         const view<TL, 3>* lse = nullptr) {
+    const attnkit::detail::attention_shape s = attnkit::detail::self_gating::check_call(q, k, v, out, opts, lse);
     const index_t B = s.batch, L = s.len_q, H = s.heads, D = s.dim, Dv = s.dim_v, group = s.group();
     const double scale = static_cast<double>(attnkit::detail::resolve_scale(opts.scale, D));
     const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -70,9 +72,11 @@ void run(const view<const TQ, 4>& q, const view<const TK, 4>& k, const view<cons
                     if (row[j] > m) m = row[j];  // a NaN gate makes the sum NaN below
                 }
                 for (index_t d = 0; d < Dv; ++d) acc[d] = 0.0;
+                if (lse) (*lse)(b, i, h) = static_cast<TL>(neg_inf);
                 if (any) {
                     double sum = 0.0;
                     for (index_t j = 0; j < L; ++j) sum += row[j] == neg_inf ? 0.0 : std::exp(row[j] - m);
+                    if (lse) (*lse)(b, i, h) = static_cast<TL>(m + std::log(sum));
                     for (index_t j = 0; j < L; ++j) {
                         if (row[j] == neg_inf) continue;
                         const double w = std::exp(row[j] - m) / sum;
@@ -94,6 +98,16 @@ template <class Q, class K, class V, class O>
 void self_gating_attention(const Q& q, const K& k, const V& v, O&& out, const self_gating_options& opts = {}) {
     self_gating_impl::run(attnkit::detail::q_view(q), attnkit::detail::k_view(k), attnkit::detail::v_view(v),
                           attnkit::detail::out_view(std::forward<O>(out)), nullptr, opts);
+}
+
+// Also writes lse [B, L, H]: the natural log of sum_j exp(g_j) over the visible keys of row i,
+// -inf for a row with none.
+template <class Q, class K, class V, class O, class L,
+          std::enable_if_t<attnkit::detail::kIsLseArg<L, self_gating_options>, int> = 0>
+void self_gating_attention(const Q& q, const K& k, const V& v, O&& out, L&& lse, const self_gating_options& opts = {}) {
+    const auto lv = attnkit::detail::lse_view(std::forward<L>(lse));
+    self_gating_impl::run(attnkit::detail::q_view(q), attnkit::detail::k_view(k), attnkit::detail::v_view(v),
+                          attnkit::detail::out_view(std::forward<O>(out)), nullptr, opts, &lv);
 }
 
 // Also returns the normalised weight matrix weights [B, H, L, L] (resized here; 0 for masked

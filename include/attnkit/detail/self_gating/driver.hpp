@@ -158,7 +158,7 @@ void run_causal(const problem& p, thread_pool* pool, const state_arrays* init, c
             copy_state(pn, pc, H, dvp);
             merge_states(pn, ref(loc), H, dvp);
             pre.publish(b, c + 1);
-            if (c0 < vis_end && !direct) fix_rows<A>(p, 0, Hk, vis_end - c0, pc, buf_dest, mz.data(), od, loc, p.stream);
+            if (c0 < vis_end && !direct) fix_rows<A>(p, b, c0, 0, Hk, vis_end - c0, pc, buf_dest, mz.data(), od, loc, p.stream);
             // Rows past the visible tokens see all of them: P_{c+1} is already the final state.
             fill_rows<A>(p, b, 0, Hk, std::max(c0, nv), c1, pn, p.stream);
         }

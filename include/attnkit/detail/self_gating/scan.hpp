@@ -44,9 +44,34 @@ struct problem {
     bool causal = false;
     bool stream = false;                // non-temporal stores of the final output rows
     const index_t* visible = nullptr;   // per batch item: tokens [0, visible[b]) are unmasked
+    float* lse = nullptr;               // optional [B, L, H], any strides: log sum exp(g) of each row
+    index_t lb = 0, ll = 0, lh = 0;
 
     float* out_row(index_t b, index_t l, index_t h) const { return out + b * ob + l * ol + h * oh; }
 };
+
+// lse[b, l, h0 + hh] of nh heads whose rows are final: the log-sum-exp of the gates a row sees,
+// from its state (m, z), combined with a prefix state (m_pre, z_pre) where one is given exactly
+// as fix_weights combines the rows. -inf where no token is seen (z = 0). Every final row, made
+// during the scan, from a buffer or as a fill, takes its lse from here: the same bits whichever
+// thread made it. Scalar logs: one per row and head, against the D + Dv floats of the row.
+inline ATTNKIT_NOINLINE void store_lse(const problem& p, index_t b, index_t l, index_t h0, index_t nh, const float* m,
+                                       const float* z, const float* m_pre, const float* z_pre) {
+    for (index_t hh = 0; hh < nh; ++hh) {
+        float mv = m[hh], zv = z[hh];
+        if (m_pre && z_pre[hh] != 0.0f) {
+            if (zv == 0.0f) {
+                mv = m_pre[hh];
+                zv = z_pre[hh];
+            } else {
+                const float mx = mv > m_pre[hh] ? mv : m_pre[hh];
+                zv = std::fma(z_pre[hh], std::exp(m_pre[hh] - mx), zv * std::exp(mv - mx));
+                mv = mx;
+            }
+        }
+        p.lse[b * p.lb + l * p.ll + (h0 + hh) * p.lh] = zv == 0.0f ? -HUGE_VALF : mv + std::log(zv);
+    }
+}
 
 // Per-head states of a range of query heads: m[nh], z[nh], n[nh][dim_vp]. z == 0 means empty
 // (a state that has seen a token has z >= 1: its max contributes exp(0)). The other arrays are
@@ -192,6 +217,7 @@ ATTNKIT_NOINLINE void scan_rows(const problem& p, index_t b, index_t hk0, index_
         } else if (dst) {
             inverse_sums<A>(z, nh, st.inv_z.data());
             fix_weights<A>(m, z, pre->m, pre->z, nh, st.wa.data(), st.wb.data());
+            if (p.lse) store_lse(p, b, l, h0, nh, m, z, pre->m, pre->z);
         }
         for (index_t hh = 0; hh < nh; ++hh) {
             const float* vr = p.v.row(b, l, kv_head[hh]);
@@ -233,16 +259,18 @@ inline ATTNKIT_NOINLINE void merge_state(float& ma, float& za, float* na, float 
 // Final rows from buffered ones: row r of head hh is the raw n of its chunk's tokens up to
 // that row, with its m and z in mz (as scan_rows wrote them), combined with the prefix state
 // pre of everything before the chunk (fix_weights). Heads whose prefix is empty get n / z.
-// st provides the per-head scratch.
+// st provides the per-head scratch; the rows are positions l0 + r of item b (for lse).
 template <class A>
-ATTNKIT_NOINLINE void fix_rows(const problem& p, index_t hk0, index_t hk1, index_t n_rows, const state_ref& pre,
-                               const row_dest& src, const float* mz, const row_dest& dst, states& st, bool stream) {
+ATTNKIT_NOINLINE void fix_rows(const problem& p, index_t b, index_t l0, index_t hk0, index_t hk1, index_t n_rows,
+                               const state_ref& pre, const row_dest& src, const float* mz, const row_dest& dst,
+                               states& st, bool stream) {
     const index_t nh = (hk1 - hk0) * p.group, dv = p.dim_v, dvp = p.dim_vp;
     for (index_t r = 0; r < n_rows; ++r) {
         const float* m = mz + 2 * nh * r;
         const float* z = m + nh;
         inverse_sums<A>(z, nh, st.inv_z.data());
         fix_weights<A>(m, z, pre.m, pre.z, nh, st.wa.data(), st.wb.data());
+        if (p.lse) store_lse(p, b, l0 + r, hk0 * p.group, nh, m, z, pre.m, pre.z);
         for (index_t hh = 0; hh < nh; ++hh) {
             if (pre.z[hh] == 0.0f)
                 store_row<A, row_kind::scaled>(dst.row(r, hh), src.row(r, hh), st.inv_z[hh], nullptr, 0.0f, dv, stream);
@@ -259,12 +287,14 @@ template <class A>
 ATTNKIT_NOINLINE void fill_rows(const problem& p, index_t b, index_t hk0, index_t hk1, index_t l0, index_t l1,
                                 const state_ref& st, bool stream) {
     const index_t nh = (hk1 - hk0) * p.group, h0 = hk0 * p.group;
-    for (index_t l = l0; l < l1; ++l)
+    for (index_t l = l0; l < l1; ++l) {
+        if (p.lse) store_lse(p, b, l, h0, nh, st.m, st.z, nullptr, nullptr);
         for (index_t hh = 0; hh < nh; ++hh) {
             const float z = st.z[hh];
             store_row<A, row_kind::scaled>(p.out_row(b, l, h0 + hh), st.n + hh * p.dim_vp, z == 0.0f ? 0.0f : 1.0f / z,
                                            nullptr, 0.0f, p.dim_v, stream);
         }
+    }
 }
 
 }  // namespace self_gating
