@@ -16,6 +16,7 @@
 #define ATTNKIT_ALWAYS_INLINE inline __attribute__((always_inline))
 #define ATTNKIT_RESTRICT __restrict__
 #define ATTNKIT_PREFETCH(p) __builtin_prefetch(p)
+#define ATTNKIT_PREFETCH_L2(p) __builtin_prefetch(p, 0, 1)  // prefetcht2 on x86: the line to L2
 #define ATTNKIT_NOINLINE __attribute__((noinline))
 #ifndef ATTNKIT_UNROLL
 #if defined(__clang__)
@@ -32,6 +33,7 @@
 #define ATTNKIT_LIKELY(x) (x)
 #define ATTNKIT_UNLIKELY(x) (x)
 #define ATTNKIT_PREFETCH(p) ((void)(p))
+#define ATTNKIT_PREFETCH_L2(p) ((void)(p))
 #define ATTNKIT_NOINLINE
 #ifndef ATTNKIT_UNROLL
 #define ATTNKIT_UNROLL

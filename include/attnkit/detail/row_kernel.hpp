@@ -8,8 +8,11 @@
 //    stream walks its own run of rows front to back and every cache line is read once per call.
 //    With 4 KiB pages the hardware prefetchers stop at every page edge, so what one core streams
 //    is set by how many pages it reads at once: consecutive keys keep few pages in flight (and
-//    read 16-bit pages out of order), eight streams keep eight. Software prefetch on top adds
-//    nothing: it competes for the same miss buffers;
+//    read 16-bit pages out of order), eight streams keep eight. Software prefetch of those
+//    streams adds nothing: it competes for the same miss buffers;
+//  - with one query row per key/value head (MHA) and 16-bit or int8 K/V, the score walk of a
+//    block hints the block's V lines to L2 and the value walk the next block's K lines, so that
+//    the one of K and V that is not being read is still being fetched (kPrefetchOther);
 //  - eight keys per step in both walks: eight independent FMA chains per score step, one load
 //    of q per eight FMAs, and one load and store of each output vector per eight keys (the
 //    value walk is store-bound otherwise);
@@ -62,6 +65,23 @@ inline index_t pair_pos(index_t c, index_t n) {
     if (c >= n / W2 * W2) return c;
     const index_t i = c % W2;
     return c - i + (i % 2) * (W2 / 2) + i / 2;
+}
+
+// The row walk hints the other tensor's next lines to L2 (the header) for 16-bit and int8 K/V
+// with one query row per key/value head. Measured on the SPR VM (Lk 65536, 1 thread): MHA
+// bf16 / f16 / int8 decode 3-10% faster at D 64 and 128; float K/V, already near the read
+// bandwidth, and GQA rows, bound by their arithmetic, gained nothing or lost up to 10%
+// (docs/benchmarks.md, section `detail/row_kernel.hpp`).
+template <class KT, class VT>
+constexpr bool kPrefetchOther = !std::is_same<KT, float>::value || !std::is_same<VT, float>::value;
+
+// Hints the n_rows rows x + u * stride, u < n_rows, of `bytes` each to L2.
+template <class T>
+ATTNKIT_ALWAYS_INLINE void prefetch_rows_l2(const T* x, index_t stride, index_t n_rows, index_t bytes) {
+    for (index_t u = 0; u < n_rows; ++u) {
+        const char* row = reinterpret_cast<const char*>(x + u * stride);
+        for (index_t c = 0; c < bytes; c += 64) ATTNKIT_PREFETCH_L2(row + c);
+    }
 }
 
 // out[u * out_stride] = <q, k_u> (k_u = k + u * k_stride) for kRowScoreKeys keys at once:
@@ -339,6 +359,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
     constexpr index_t KU = kRowValueKeys;
     constexpr index_t KG = kRowScoreKeys;
     static_assert(BK % W == 0 && BK % KU == 0 && BK % KG == 0, "steps must tile the block");
+    static_assert(KU == KG, "each walk hints the other's rows in the other's steps");
     const index_t D = p.s.dim, Dv = p.s.dim_v, R = rb.rows(), RH = rb.rows_per_kv_head();
     const index_t Dp = (D + W - 1) / W * W;  // padded query rows: whole-vector loads
 
@@ -382,6 +403,11 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         const KT* kb = p.k.row(rb.b, j0, rb.hk);
         const VT* vb = p.v.row(rb.b, j0, rb.hk);
         auto active = [&](index_t r) { return j0 < hi[r] && j0 + nk > lo[r]; };
+        // The other tensor's hints (kPrefetchOther): this block's V during its scores, the
+        // next block's K (when it is a whole one) during its values, step by step in the
+        // order the walks will read them.
+        const bool hint = kPrefetchOther<KT, VT> && RH == 1 && nk == BK;
+        const KT* kn = hint && j1 + BK <= max_hi ? p.k.row(rb.b, j1, rb.hk) : nullptr;
 
         // Scores, KG keys at a time, head by head; K rows shared by a head's rows. The KG keys
         // of a step are sj apart: KG sequential streams through the block (see the header).
@@ -396,6 +422,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         for (index_t t = 0; t < sj; ++t) {
             for (index_t h = 0; h < rb.n_hk; ++h) {
                 const KT* kr = kb + t * ksl + h * ksh;
+                if (hint) prefetch_rows_l2(vb + t * vsl + h * vsh, sj * vsl, KG, Dv * index_t(sizeof(VT)));
                 index_t r = h * RH;
                 const index_t r_end = r + RH;
                 if constexpr (kGroupRows<A, KT>) {
@@ -454,6 +481,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
             };
             for (index_t h = 0; h < rb.n_hk; ++h) {
                 const VT* vr = vb + (key - j0) * vsl + h * vsh;
+                if (kn) prefetch_rows_l2(kn + t * ksl + h * ksh, sj * ksl, KG, D * index_t(sizeof(KT)));
                 index_t r = h * RH;
                 const index_t r_end = r + RH;
                 if constexpr (kGroupRows<A, VT>) {
