@@ -71,9 +71,10 @@ ATTNKIT_NOINLINE void inverse_sums(const float* z, index_t nh, float* inv) {
 // o = (e^(m - M) n + e^(m_pre - M) n_pre) / (e^(m - M) z + e^(m_pre - M) z_pre), M = max(m, m_pre),
 // i.e. o = n * wa + n_pre * wb. The weights of nh heads; scan_rows (rows made during the scan)
 // and fix_rows (rows made later from a buffer) both take them from here, hence the same bits.
+// With lse given, also lse[h * lse_stride] = M + log(denominator), the row's log-sum-exp.
 template <class A>
 ATTNKIT_NOINLINE void fix_weights(const float* m, const float* z, const float* m_pre, const float* z_pre, index_t nh,
-                                  float* wa, float* wb) {
+                                  float* wa, float* wb, float* lse = nullptr, index_t lse_stride = 0) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     for (index_t h = 0; h < nh; h += W) {
@@ -82,9 +83,17 @@ ATTNKIT_NOINLINE void fix_weights(const float* m, const float* z, const float* m
         const V mp = load_heads<A>(m_pre + h, cnt), zp = load_heads<A>(z_pre + h, cnt);
         const V mx = simd::select(mv > mp, mv, mp);
         const V el = simd::exp(mv - mx), ep = simd::exp(mp - mx);
-        const V inv = V(1.0f) / simd::fma(zp, ep, zv * el);
+        const V den = simd::fma(zp, ep, zv * el);
+        const V inv = V(1.0f) / den;
         store_heads<A>(wa + h, el * inv, cnt);
         store_heads<A>(wb + h, ep * inv, cnt);
+        if (lse) {
+            // One scalar log per head: a vector log is not worth its own code for L H values.
+            alignas(64) float mxs[W], dens[W];
+            simd::storeu(mxs, mx);
+            simd::storeu(dens, den);
+            for (index_t i = 0; i < cnt; ++i) lse[(h + i) * lse_stride] = mxs[i] + std::log(dens[i]);
+        }
     }
 }
 

@@ -50,27 +50,18 @@ struct problem {
     float* out_row(index_t b, index_t l, index_t h) const { return out + b * ob + l * ol + h * oh; }
 };
 
-// lse[b, l, h0 + hh] of nh heads whose rows are final: the log-sum-exp of the gates a row sees,
-// from its state (m, z), combined with a prefix state (m_pre, z_pre) where one is given exactly
-// as fix_weights combines the rows. -inf where no token is seen (z = 0). Every final row, made
-// during the scan, from a buffer or as a fill, takes its lse from here: the same bits whichever
-// thread made it. Scalar logs: one per row and head, against the D + Dv floats of the row.
+// lse[b, l, h0 + hh] of the nh heads of a final row made from a state (m, z) alone (a fill):
+// log-sum-exp of the gates it sees, -inf where it sees none (z = 0). Rows combined with a
+// prefix get theirs from fix_weights, which combines them; each way has one function, so a row
+// has the same bits whichever thread made it.
 inline ATTNKIT_NOINLINE void store_lse(const problem& p, index_t b, index_t l, index_t h0, index_t nh, const float* m,
-                                       const float* z, const float* m_pre, const float* z_pre) {
-    for (index_t hh = 0; hh < nh; ++hh) {
-        float mv = m[hh], zv = z[hh];
-        if (m_pre && z_pre[hh] != 0.0f) {
-            if (zv == 0.0f) {
-                mv = m_pre[hh];
-                zv = z_pre[hh];
-            } else {
-                const float mx = mv > m_pre[hh] ? mv : m_pre[hh];
-                zv = std::fma(z_pre[hh], std::exp(m_pre[hh] - mx), zv * std::exp(mv - mx));
-                mv = mx;
-            }
-        }
-        p.lse[b * p.lb + l * p.ll + (h0 + hh) * p.lh] = zv == 0.0f ? -HUGE_VALF : mv + std::log(zv);
-    }
+                                       const float* z) {
+    for (index_t hh = 0; hh < nh; ++hh)
+        p.lse[b * p.lb + l * p.ll + (h0 + hh) * p.lh] = z[hh] == 0.0f ? -HUGE_VALF : m[hh] + std::log(z[hh]);
+}
+
+inline float* lse_row(const problem& p, index_t b, index_t l, index_t h0) {
+    return p.lse ? p.lse + b * p.lb + l * p.ll + h0 * p.lh : nullptr;
 }
 
 // Per-head states of a range of query heads: m[nh], z[nh], n[nh][dim_vp]. z == 0 means empty
@@ -216,8 +207,7 @@ ATTNKIT_NOINLINE void scan_rows(const problem& p, index_t b, index_t hk0, index_
             std::copy(z, z + nh, mzr + nh);
         } else if (dst) {
             inverse_sums<A>(z, nh, st.inv_z.data());
-            fix_weights<A>(m, z, pre->m, pre->z, nh, st.wa.data(), st.wb.data());
-            if (p.lse) store_lse(p, b, l, h0, nh, m, z, pre->m, pre->z);
+            fix_weights<A>(m, z, pre->m, pre->z, nh, st.wa.data(), st.wb.data(), lse_row(p, b, l, h0), p.lh);
         }
         for (index_t hh = 0; hh < nh; ++hh) {
             const float* vr = p.v.row(b, l, kv_head[hh]);
@@ -269,8 +259,7 @@ ATTNKIT_NOINLINE void fix_rows(const problem& p, index_t b, index_t l0, index_t 
         const float* m = mz + 2 * nh * r;
         const float* z = m + nh;
         inverse_sums<A>(z, nh, st.inv_z.data());
-        fix_weights<A>(m, z, pre.m, pre.z, nh, st.wa.data(), st.wb.data());
-        if (p.lse) store_lse(p, b, l0 + r, hk0 * p.group, nh, m, z, pre.m, pre.z);
+        fix_weights<A>(m, z, pre.m, pre.z, nh, st.wa.data(), st.wb.data(), lse_row(p, b, l0 + r, hk0 * p.group), p.lh);
         for (index_t hh = 0; hh < nh; ++hh) {
             if (pre.z[hh] == 0.0f)
                 store_row<A, row_kind::scaled>(dst.row(r, hh), src.row(r, hh), st.inv_z[hh], nullptr, 0.0f, dv, stream);
@@ -288,7 +277,7 @@ ATTNKIT_NOINLINE void fill_rows(const problem& p, index_t b, index_t hk0, index_
                                 const state_ref& st, bool stream) {
     const index_t nh = (hk1 - hk0) * p.group, h0 = hk0 * p.group;
     for (index_t l = l0; l < l1; ++l) {
-        if (p.lse) store_lse(p, b, l, h0, nh, st.m, st.z, nullptr, nullptr);
+        if (p.lse) store_lse(p, b, l, h0, nh, st.m, st.z);
         for (index_t hh = 0; hh < nh; ++hh) {
             const float z = st.z[hh];
             store_row<A, row_kind::scaled>(p.out_row(b, l, h0 + hh), st.n + hh * p.dim_vp, z == 0.0f ? 0.0f : 1.0f / z,
