@@ -50,6 +50,25 @@ TEST(ReferenceSelfGating, CausalByHand) {
     }
 }
 
+// lse = log of the sum of exp(g) a row sees: exp(g) = (1, 2, 3), so log 1, log 3, log 6 causal,
+// log 6 for every row without the mask; -inf for a row that sees nothing (key_lengths 0).
+TEST(ReferenceSelfGating, LseByHand) {
+    three_tokens t;
+    for (bool causal : {true, false}) {
+        self_gating_options o;
+        o.scale = 1.0f;
+        o.causal = causal;
+        tensor4<double> out = make_bshd<double>(1, 3, 1, 2);
+        tensor3<double> lse = make_lse<double>(1, 3, 1, -99.0);
+        attnkit::reference::self_gating_attention(t.q, t.k, t.v, out, lse, o);
+        const double want[3] = {causal ? 0.0 : std::log(6.0), causal ? std::log(3.0) : std::log(6.0), std::log(6.0)};
+        for (int i = 0; i < 3; ++i) EXPECT_NEAR(lse(0, i, 0), want[i], 1e-15) << i;
+        o.key_lengths = {0};
+        attnkit::reference::self_gating_attention(t.q, t.k, t.v, out, lse, o);
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(lse(0, i, 0), -std::numeric_limits<double>::infinity()) << i;
+    }
+}
+
 TEST(ReferenceSelfGating, NonCausalEveryRowTheSameMean) {
     three_tokens t;
     self_gating_options o;
