@@ -68,9 +68,9 @@ inline index_t pair_pos(index_t c, index_t n) {
 }
 
 // The row walk hints the other tensor's next lines to L2 (the header) for 16-bit and int8 K/V
-// with one query row per key/value head. Measured on the SPR VM (Lk 65536, 1 thread): MHA
-// bf16 / f16 / int8 decode 3-10% faster at D 64 and 128; float K/V, already near the read
-// bandwidth, and GQA rows, bound by their arithmetic, gained nothing or lost up to 10%
+// with one query row per key/value head, where the walk spends the most instructions per byte
+// read and a second set of lines in flight pays. Float K/V, already near the read bandwidth,
+// and GQA rows, bound by their arithmetic, gained nothing from the hints or lost
 // (docs/benchmarks.md, section `detail/row_kernel.hpp`).
 template <class KT, class VT>
 constexpr bool kPrefetchOther = !std::is_same<KT, float>::value || !std::is_same<VT, float>::value;

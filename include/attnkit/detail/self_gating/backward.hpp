@@ -280,8 +280,9 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
             float e = st.e[static_cast<std::size_t>(h)];
             if (g.lse) {
                 // No pass 1: the gate from the head's q and k rows, head by head where they are
-                // used. All gates of the position first (scan.hpp's gates_at) waited on every q
-                // and k row before any other work: 89 against 71 ms, L 32768, D 128, H 8.
+                // used. All gates of the position first (scan.hpp's gates_at) would wait on
+                // every q and k row of the position before any other work (docs/benchmarks.md,
+                // "The backward from the forward's lse").
                 const float gate = simd::dot<A>(qr, kr, D) * p.scale;
                 e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - M[h]);
             }
