@@ -68,16 +68,19 @@ inline void prefetch_rows(const SrcT* src, index_t src_stride, index_t j_begin, 
         for (index_t c = 0; c < n_cols; c += kLine) ATTNKIT_PREFETCH(src + j * src_stride + c);
 }
 
+// The register tile itself: acc[m][n] = sum_d kp[m * ld + d] * qt[d * RT + n * W .. + W), every
+// chain k ascending. scores_tile stores it as S^T with the rows' max; the GEMM (gemm/kernel.hpp)
+// adds it to C straight from the registers. One loop for both, so a GEMM's element and a score
+// are the same chain of FMAs.
 template <class A>
-ATTNKIT_ALWAYS_INLINE void scores_tile(const float* ATTNKIT_RESTRICT kp, index_t ld, const float* ATTNKIT_RESTRICT qt,
-                                       index_t dim, float* ATTNKIT_RESTRICT st, index_t valid,
-                                       simd::vfloat<A>* ATTNKIT_RESTRICT mx) {
+ATTNKIT_ALWAYS_INLINE void tile_product(const float* ATTNKIT_RESTRICT kp, index_t ld, const float* ATTNKIT_RESTRICT qt,
+                                        index_t dim,
+                                        simd::vfloat<A> (&acc)[tile_traits<A>::kMR][tile_traits<A>::kNR]) {
     using V = simd::vfloat<A>;
     constexpr int kNR = tile_traits<A>::kNR;
     constexpr int MR = tile_traits<A>::kMR;
     constexpr index_t W = tile_traits<A>::kLanes;
     constexpr index_t RT = tile_traits<A>::kTileRows;
-    V acc[MR][kNR];
     ATTNKIT_UNROLL for (int m = 0; m < MR; ++m)
         ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) acc[m][n] = V(0.0f);
     for (index_t d = 0; d < dim; ++d) {
@@ -88,6 +91,19 @@ ATTNKIT_ALWAYS_INLINE void scores_tile(const float* ATTNKIT_RESTRICT kp, index_t
             ATTNKIT_UNROLL for (int n = 0; n < kNR; ++n) acc[m][n] = simd::fma(kb, qv[n], acc[m][n]);
         }
     }
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE void scores_tile(const float* ATTNKIT_RESTRICT kp, index_t ld, const float* ATTNKIT_RESTRICT qt,
+                                       index_t dim, float* ATTNKIT_RESTRICT st, index_t valid,
+                                       simd::vfloat<A>* ATTNKIT_RESTRICT mx) {
+    using V = simd::vfloat<A>;
+    constexpr int kNR = tile_traits<A>::kNR;
+    constexpr int MR = tile_traits<A>::kMR;
+    constexpr index_t W = tile_traits<A>::kLanes;
+    constexpr index_t RT = tile_traits<A>::kTileRows;
+    V acc[MR][kNR];
+    tile_product<A>(kp, ld, qt, dim, acc);
     // The softmax needs each row's max over the block: taking it here, from registers, saves a
     // pass over S^T.
     ATTNKIT_UNROLL for (int m = 0; m < MR; ++m)

@@ -1,11 +1,12 @@
 // The packed GEMM on one thread: the five blocking loops of gemm/blocking.hpp around the
 // engine's register tile.
 //
-// The tile is micro_kernels.hpp's scores_tile (S^T = K Q^T of the attention kernels is a GEMM of
-// a packed kMR x kc A panel and a packed kc x kNR B panel): it leaves a kMR x kNR result in a
-// small L1 buffer, which the epilogue here stores into C or adds to it. That extra pass is kMR
-// x kNR / W vector loads and stores against kc x kMR x kNR / W FMAs (1/128 of them at kc = 256)
-// and it makes every edge tile the same full-size kernel with a partial store.
+// The tile is micro_kernels.hpp's tile_product, the register loop of the attention kernels'
+// scores_tile (S^T = K Q^T is a GEMM of a packed kMR x kc A panel and a packed kc x kNR B
+// panel). A full tile is added to C from the registers; only edge tiles pass through a small L1
+// buffer (a round trip through one for every tile cost about a tenth of the tile's time at
+// kc = 224 on an AVX2 core, where the loop's exit and the 3 x kMR x kNR / W extra loads and
+// stores weigh against 224 steps of kMR x kNR / W FMAs).
 //
 // Products of at most kMR rows (decode steps) skip the packing: gemm_one_row and gemm_few_rows
 // read B in place, with the same FMA chains, so a row's bits do not depend on the path.
@@ -22,32 +23,35 @@
 namespace attnkit {
 namespace detail {
 
-// C[0 .. mr, 0 .. nr) (= or +=) one register tile of packed A and B over kc.
+// C[0 .. mr, 0 .. nr) (= or +=) one register tile of packed A and B over kc. A full tile goes
+// from the registers into C; an edge tile goes through a small L1 buffer and a partial store, so
+// every tile runs the same full-size kernel.
 template <class A>
 ATTNKIT_ALWAYS_INLINE void gemm_tile(const float* ap, const float* bp, index_t kc, float* c, index_t ldc,
                                      index_t mr, index_t nr, bool overwrite) {
     using V = simd::vfloat<A>;
     constexpr index_t MR = gemm_traits<A>::kMR, NR = gemm_traits<A>::kNR, W = simd::kLanes<A>;
     constexpr int kVecs = static_cast<int>(NR / W);
-    alignas(64) float acc[MR * NR];
-    V unused_max[kVecs];  // scores_tile's per-row max, skipped with valid = 0
     // The tile's rows of C are read (or written) last; their lines arrive while the FMAs run.
     for (index_t m = 0; m < mr; ++m)
         for (index_t j = 0; j < nr; j += 64 / static_cast<index_t>(sizeof(float))) ATTNKIT_PREFETCH(c + m * ldc + j);
-    scores_tile<A>(ap, kc, bp, kc, acc, 0, unused_max);
+    V acc[MR][kVecs];
+    tile_product<A>(ap, kc, bp, kc, acc);
     if (mr == MR && nr == NR) {
         ATTNKIT_UNROLL for (index_t m = 0; m < MR; ++m)
             ATTNKIT_UNROLL for (int n = 0; n < kVecs; ++n) {
                 float* p = c + m * ldc + n * W;
-                const V r = simd::loadu<A>(acc + m * NR + n * W);
-                simd::storeu(p, overwrite ? r : simd::loadu<A>(p) + r);
+                simd::storeu(p, overwrite ? acc[m][n] : simd::loadu<A>(p) + acc[m][n]);
             }
         return;
     }
+    alignas(64) float buf[MR * NR];
+    ATTNKIT_UNROLL for (index_t m = 0; m < MR; ++m)
+        ATTNKIT_UNROLL for (int n = 0; n < kVecs; ++n) simd::storeu(buf + m * NR + n * W, acc[m][n]);
     for (index_t m = 0; m < mr; ++m)
         for (index_t j = 0; j < nr; ++j) {
             float& x = c[m * ldc + j];
-            x = overwrite ? acc[m * NR + j] : x + acc[m * NR + j];
+            x = overwrite ? buf[m * NR + j] : x + buf[m * NR + j];
         }
 }
 

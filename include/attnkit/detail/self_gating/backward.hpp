@@ -25,6 +25,13 @@
 // traffic (q and k are read once, not twice); the price is lse's float rounding, a relative
 // error of about eps |lse| in every weight (6e-5 at gates of 1e3) where pass 1's M is exact.
 //
+// Pass 2 of a causal MHA call (one query head per key/value head) takes each visible token's
+// row in position_step / head_step: the local suffix, its combination with the later chunks and
+// the token's gradients in three passes over a head's rows, where suffix_step, fix_suffix and
+// token_grads (kept for GQA, the non-causal form and the state-only scan) take six and go
+// through buffers in between. Same operations on the same operands, so the same bits; on an AVX2
+// core with the rows in cache it is 1.6x faster (docs/benchmarks.md).
+//
 // Threads in pass 2 (causal): the forward's chunks of chunk_len() positions, taken from the
 // right, and its decoupled look-back (driver.hpp's prefix_table, here holding suffix states: slot
 // t of an item is the state of its last t chunks, at the reference M of the first row it covers).
@@ -312,6 +319,112 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
     }
 }
 
+// One head's gradients at a position with one query head per key/value head (MHA), in three
+// passes over its rows instead of suffix_step, fix_suffix and token_grads' six: the gate from q
+// and k; the local suffix of the row, its combination with the chunks after it, <v, S> and
+// d_v = e S in one pass over d_out, out, v and the suffixes; then d_q and d_k. Each value is
+// the same operation on the same operands as in those functions (the same two-accumulator dots,
+// the same fmas), so both paths give the same bits.
+template <class A>
+ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l, index_t h, grad_states& st,
+                                     const state_ref& next) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    const problem& p = g.fw;
+    const index_t D = p.dim, dv = p.dim_v, dvp = p.dim_vp;
+    const std::size_t hs = static_cast<std::size_t>(h);
+    const float* qr = p.q.row(b, l, h);
+    const float* kr = p.k.row(b, l, h);
+    const float* vr = p.v.row(b, l, h);
+    const float* d = g.dout.row(b, l, h);
+    const float* o = g.o.row(b, l, h);
+    float* sl = st.sl.data() + h * dvp;
+    const float* sn = next.n + h * dvp;
+    float e = st.e[hs];
+    if (g.lse) {
+        const float gate = simd::dot<A>(qr, kr, D) * p.scale;
+        e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - g.at(g.mx, b, l)[h]);
+    }
+    const float a = g.at(g.inv, b, l)[h];
+    const V av(a), rv(st.rho[hs]), wv(st.w[hs]), ev(e);
+    float* dvr = g.dv.row(b, l, h);
+    const bool st_v = g.stream && simd::stream_aligned<A>(dvr);
+    auto put = [](float* dst, const V& x, bool stream) {
+        if (stream)
+            simd::stream_store(dst, x);
+        else
+            simd::storeu(dst, x);
+    };
+    V acc0(0.0f), acc1(0.0f), t0(0.0f), t1(0.0f);
+    index_t c = 0;
+    for (; c + 2 * W <= dv; c += 2 * W) {
+        const V d0 = simd::loadu<A>(d + c), d1 = simd::loadu<A>(d + c + W);
+        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av), l1 = simd::fma(simd::loadu<A>(sl + c + W), rv, d1 * av);
+        simd::storeu(sl + c, l0);
+        simd::storeu(sl + c + W, l1);
+        acc0 = simd::fma(d0, simd::loadu<A>(o + c), acc0);
+        acc1 = simd::fma(d1, simd::loadu<A>(o + c + W), acc1);
+        const V s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0), s1 = simd::fma(simd::loadu<A>(sn + c + W), wv, l1);
+        t0 = simd::fma(simd::loadu<A>(vr + c), s0, t0);
+        t1 = simd::fma(simd::loadu<A>(vr + c + W), s1, t1);
+        put(dvr + c, ev * s0, st_v);
+        put(dvr + c + W, ev * s1, st_v);
+    }
+    for (; c < dv; c += W) {
+        const index_t n = std::min(W, dv - c);
+        const V d0 = simd::load_partial<A>(d + c, n);
+        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av);
+        simd::storeu(sl + c, l0);
+        acc0 = simd::fma(d0, simd::load_partial<A>(o + c, n), acc0);
+        const V s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0);
+        t0 = simd::fma(simd::load_partial<A>(vr + c, n), s0, t0);
+        if (n == W)
+            put(dvr + c, ev * s0, st_v);
+        else
+            simd::store_partial(dvr + c, ev * s0, n);
+    }
+    float& rl = st.rl[hs];
+    rl = std::fma(rl, st.rho[hs], a * simd::hsum(acc0 + acc1));
+    const float r = std::fma(next.z[h], st.w[hs], rl);
+    const float sd = p.scale * (e * (simd::hsum(t0 + t1) - r));
+    const V sv(sd);
+    float* dq = g.dq.row(b, l, h);
+    float* dk = g.dk.row(b, l, h);
+    const bool st_q = g.stream && simd::stream_aligned<A>(dq), st_k = g.stream && simd::stream_aligned<A>(dk);
+    for (c = 0; c + W <= D; c += W) {
+        put(dk + c, sv * simd::loadu<A>(qr + c), st_k);
+        put(dq + c, sv * simd::loadu<A>(kr + c), st_q);
+    }
+    if (c < D) {
+        simd::store_partial(dk + c, sv * simd::load_partial<A>(qr + c, D - c), D - c);
+        simd::store_partial(dq + c, sv * simd::load_partial<A>(kr + c, D - c), D - c);
+    }
+}
+
+// Position l of item b on the MHA path: the per-head factors (rho of the local suffix, w of the
+// combination with `next`, e of the gates of pass 1) as vectors over the heads, then head_step
+// for each head.
+template <class A>
+ATTNKIT_NOINLINE void position_step(const grad_problem& g, index_t b, index_t l, bool first, grad_states& st,
+                                    const state_ref& next) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    const problem& p = g.fw;
+    const index_t nh = p.heads;
+    const float* M = g.at(g.mx, b, l);
+    for (index_t hh = 0; hh < nh; hh += W) {
+        const index_t cnt = std::min(W, nh - hh);
+        const V m = load_heads<A>(M + hh, cnt);
+        store_heads<A>(st.rho.data() + hh, first ? V(0.0f) : shift<A>(m, load_heads<A>(g.at(g.mx, b, l + 1) + hh, cnt)), cnt);
+        store_heads<A>(st.w.data() + hh, shift<A>(m, load_heads<A>(next.m + hh, cnt)), cnt);
+        if (!g.lse) {
+            const V gv = load_heads<A>(g.at(g.gate, b, l) + hh, cnt);
+            store_heads<A>(st.e.data() + hh, simd::select(gv == V(-HUGE_VALF), V(0.0f), simd::exp(gv - m)), cnt);
+        }
+    }
+    for (index_t h = 0; h < nh; ++h) head_step<A>(g, b, l, h, st, next);
+}
+
 // Hints for the rows of position l (the next one a descending scan reads): each position's rows
 // start new 4 KiB pages, where the hardware prefetchers stop (as in the forward scan).
 inline void prefetch_position(const grad_problem& g, index_t b, index_t l, bool all) {
@@ -389,6 +502,11 @@ void run_backward_causal(grad_problem& g, thread_pool* pool, index_t C, index_t 
             auto scan = [&](bool grads) {
                 st.clear();
                 for (index_t l = c1 - 1; l >= c0; --l) {
+                    if (grads && l < nv && p.group == 1) {
+                        position_step<A>(g, b, l, l == c1 - 1, st, sn);
+                        if (l > c0) prefetch_position(g, b, l - 1, true);
+                        continue;
+                    }
                     suffix_step<A>(g, b, l, l == c1 - 1, st);
                     if (l > c0) prefetch_position(g, b, l - 1, grads);
                     if (!grads) continue;
