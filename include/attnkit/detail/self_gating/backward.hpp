@@ -391,10 +391,11 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     float* dq = g.dq.row(b, l, h);
     float* dk = g.dk.row(b, l, h);
     const bool st_q = g.stream && simd::stream_aligned<A>(dq), st_k = g.stream && simd::stream_aligned<A>(dk);
-    for (c = 0; c + W <= D; c += W) {
-        put(dk + c, sv * simd::loadu<A>(qr + c), st_k);
-        put(dq + c, sv * simd::loadu<A>(kr + c), st_q);
-    }
+    // One row after the other: streaming stores to two rows in turn keep two write-combining
+    // buffers open at once, and on a Zen 3 core the call was 15-25% slower that way
+    // (docs/benchmarks.md).
+    for (c = 0; c + W <= D; c += W) put(dk + c, sv * simd::loadu<A>(qr + c), st_k);
+    for (c = 0; c + W <= D; c += W) put(dq + c, sv * simd::loadu<A>(kr + c), st_q);
     if (c < D) {
         simd::store_partial(dk + c, sv * simd::load_partial<A>(qr + c, D - c), D - c);
         simd::store_partial(dq + c, sv * simd::load_partial<A>(kr + c, D - c), D - c);
