@@ -4,9 +4,9 @@
 // The tile is micro_kernels.hpp's tile_product, the register loop of the attention kernels'
 // scores_tile (S^T = K Q^T is a GEMM of a packed kMR x kc A panel and a packed kc x kNR B
 // panel). A full tile is added to C from the registers; only edge tiles pass through a small L1
-// buffer (a round trip through one for every tile cost about a tenth of the tile's time at
-// kc = 224 on an AVX2 core, where the loop's exit and the 3 x kMR x kNR / W extra loads and
-// stores weigh against 224 steps of kMR x kNR / W FMAs).
+// buffer, which lets every edge tile run the same full-size kernel with a partial store. (Every
+// tile through the buffer cost 2 x kMR x kNR / W extra loads and stores against kc x kMR x
+// kNR / W FMAs, within the noise of docs/benchmarks.md's measurements.)
 //
 // Products of at most kMR rows (decode steps) skip the packing: gemm_one_row and gemm_few_rows
 // read B in place, with the same FMA chains, so a row's bits do not depend on the path.
