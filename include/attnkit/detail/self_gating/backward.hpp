@@ -392,7 +392,7 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     float* dk = g.dk.row(b, l, h);
     const bool st_q = g.stream && simd::stream_aligned<A>(dq), st_k = g.stream && simd::stream_aligned<A>(dk);
     // One row after the other: streaming stores to two rows in turn keep two write-combining
-    // buffers open at once, and on a Zen 3 core the call was 15-25% slower that way
+    // buffers open at once, which made the whole call slower on a Zen 3 core
     // (docs/benchmarks.md).
     for (c = 0; c + W <= D; c += W) put(dk + c, sv * simd::loadu<A>(qr + c), st_k);
     for (c = 0; c + W <= D; c += W) put(dq + c, sv * simd::loadu<A>(kr + c), st_q);
