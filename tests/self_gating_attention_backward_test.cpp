@@ -240,7 +240,11 @@ TEST(self_gating_attention_backward, thread_count_gives_bitwise_identical_result
                         EXPECT_TRUE(same_bits(one.dv, many.dv)) << n << " threads, d_v, lse " << with_lse;
                     }
                 }
-                expect_matches_oracle(q, k, v, dout, o, false, with_lse);
+                // The oracle at this length (L x L in double, 16 times) is most of this test's
+                // time: under a sanitizer, which is here for the kernels' memory accesses (the
+                // runs above make them; the sweep runs the oracle), it is left to the native
+                // build.
+                if (!kSanitizerSweep) expect_matches_oracle(q, k, v, dout, o, false, with_lse);
             }
         }
 }
