@@ -25,12 +25,12 @@
 // traffic (q and k are read once, not twice); the price is lse's float rounding, a relative
 // error of about eps |lse| in every weight (6e-5 at gates of 1e3) where pass 1's M is exact.
 //
-// Pass 2 of a causal MHA call (one query head per key/value head) takes each visible token's
-// row in position_step / head_step: the local suffix, its combination with the later chunks and
-// the token's gradients in three passes over a head's rows, where suffix_step, fix_suffix and
-// token_grads (kept for GQA, the non-causal form and the state-only scan) take six and go
-// through buffers in between. Same operations on the same operands, so the same bits; on an AVX2
-// core with the rows in cache it is 1.6x faster (docs/benchmarks.md).
+// Pass 2 of a causal call takes each visible token's row in position_step / head_step: the
+// local suffix, its combination with the later chunks and the token's gradients in three passes
+// over a query head's rows, where suffix_step, fix_suffix and token_grads (kept for the
+// non-causal form and the state-only scan) take six and go through buffers in between. Same
+// operations on the same operands, so the same bits; on an AVX2 core with the rows in cache
+// (MHA) it is 1.6x faster (docs/benchmarks.md).
 //
 // Threads in pass 2 (causal): the forward's chunks of chunk_len() positions, taken from the
 // right, and its decoupled look-back (driver.hpp's prefix_table, here holding suffix states: slot
@@ -319,35 +319,40 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
     }
 }
 
-// One head's gradients at a position with one query head per key/value head (MHA), in three
-// passes over its rows instead of suffix_step, fix_suffix and token_grads' six: the gate from q
-// and k; the local suffix of the row, its combination with the chunks after it, <v, S> and
-// d_v = e S in one pass over d_out, out, v and the suffixes; then d_q and d_k. Each value is
-// the same operation on the same operands as in those functions (the same two-accumulator dots,
-// the same fmas), so both paths give the same bits.
+// One query head's gradients at a position, in three passes over its rows instead of
+// suffix_step, fix_suffix and token_grads' six: the gate from q and k; the local suffix of the
+// row, its combination with the chunks after it, <v, S> and e S in one pass over d_out, out, v
+// and the suffixes; then d_q and scale dg q. Each value is the same operation on the same
+// operands as in those functions (the same two-accumulator dots, the same fmas, the query heads
+// of a group summed in order into d_k and d_v), so both paths give the same bits. With one query
+// head per key/value head (gi == last == 0) d_k and d_v go straight to their rows; otherwise
+// they are summed in st.acc_k / st.acc_v and stored after the group's last head.
 template <class A>
-ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l, index_t h, grad_states& st,
-                                     const state_ref& next) {
+ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l, index_t h, index_t gi, bool last,
+                                     grad_states& st, const state_ref& next) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     const problem& p = g.fw;
-    const index_t D = p.dim, dv = p.dim_v, dvp = p.dim_vp;
+    const index_t D = p.dim, dv = p.dim_v, dvp = p.dim_vp, hk = h / p.group;
+    const bool direct = gi == 0 && last;
     const std::size_t hs = static_cast<std::size_t>(h);
     const float* qr = p.q.row(b, l, h);
-    const float* kr = p.k.row(b, l, h);
-    const float* vr = p.v.row(b, l, h);
+    const float* kr = p.k.row(b, l, hk);
+    const float* vr = p.v.row(b, l, hk);
     const float* d = g.dout.row(b, l, h);
     const float* o = g.o.row(b, l, h);
     float* sl = st.sl.data() + h * dvp;
     const float* sn = next.n + h * dvp;
+    float* ak = st.acc_k.data();
+    float* av = st.acc_v.data();
     float e = st.e[hs];
     if (g.lse) {
         const float gate = simd::dot<A>(qr, kr, D) * p.scale;
         e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - g.at(g.mx, b, l)[h]);
     }
     const float a = g.at(g.inv, b, l)[h];
-    const V av(a), rv(st.rho[hs]), wv(st.w[hs]), ev(e);
-    float* dvr = g.dv.row(b, l, h);
+    const V av_(a), rv(st.rho[hs]), wv(st.w[hs]), ev(e);
+    float* dvr = g.dv.row(b, l, hk);
     const bool st_v = g.stream && simd::stream_aligned<A>(dvr);
     auto put = [](float* dst, const V& x, bool stream) {
         if (stream)
@@ -355,11 +360,18 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
         else
             simd::storeu(dst, x);
     };
+    // e S into d_v's row (one query head) or into the group's sum (several).
+    auto add_v = [&](index_t c, const V& s) {
+        if (direct)
+            put(dvr + c, ev * s, st_v);
+        else
+            simd::storeu(av + c, gi == 0 ? ev * s : simd::fma(ev, s, simd::loadu<A>(av + c)));
+    };
     V acc0(0.0f), acc1(0.0f), t0(0.0f), t1(0.0f);
     index_t c = 0;
     for (; c + 2 * W <= dv; c += 2 * W) {
         const V d0 = simd::loadu<A>(d + c), d1 = simd::loadu<A>(d + c + W);
-        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av), l1 = simd::fma(simd::loadu<A>(sl + c + W), rv, d1 * av);
+        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av_), l1 = simd::fma(simd::loadu<A>(sl + c + W), rv, d1 * av_);
         simd::storeu(sl + c, l0);
         simd::storeu(sl + c + W, l1);
         acc0 = simd::fma(d0, simd::loadu<A>(o + c), acc0);
@@ -367,19 +379,19 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
         const V s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0), s1 = simd::fma(simd::loadu<A>(sn + c + W), wv, l1);
         t0 = simd::fma(simd::loadu<A>(vr + c), s0, t0);
         t1 = simd::fma(simd::loadu<A>(vr + c + W), s1, t1);
-        put(dvr + c, ev * s0, st_v);
-        put(dvr + c + W, ev * s1, st_v);
+        add_v(c, s0);
+        add_v(c + W, s1);
     }
     for (; c < dv; c += W) {
         const index_t n = std::min(W, dv - c);
         const V d0 = simd::load_partial<A>(d + c, n);
-        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av);
+        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av_);
         simd::storeu(sl + c, l0);
         acc0 = simd::fma(d0, simd::load_partial<A>(o + c, n), acc0);
         const V s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0);
         t0 = simd::fma(simd::load_partial<A>(vr + c, n), s0, t0);
-        if (n == W)
-            put(dvr + c, ev * s0, st_v);
+        if (n == W || !direct)
+            add_v(c, s0);
         else
             simd::store_partial(dvr + c, ev * s0, n);
     }
@@ -389,29 +401,43 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     const float sd = p.scale * (e * (simd::hsum(t0 + t1) - r));
     const V sv(sd);
     float* dq = g.dq.row(b, l, h);
-    float* dk = g.dk.row(b, l, h);
+    float* dk = g.dk.row(b, l, hk);
     const bool st_q = g.stream && simd::stream_aligned<A>(dq), st_k = g.stream && simd::stream_aligned<A>(dk);
     // One row after the other: streaming stores to two rows in turn keep two write-combining
     // buffers open at once, which made the whole call slower on a Zen 3 core
     // (docs/benchmarks.md).
-    for (c = 0; c + W <= D; c += W) put(dk + c, sv * simd::loadu<A>(qr + c), st_k);
-    for (c = 0; c + W <= D; c += W) put(dq + c, sv * simd::loadu<A>(kr + c), st_q);
+    for (c = 0; c + W <= D; c += W) {
+        const V qv = simd::loadu<A>(qr + c);
+        if (direct)
+            put(dk + c, sv * qv, st_k);
+        else
+            simd::storeu(ak + c, gi == 0 ? sv * qv : simd::fma(sv, qv, simd::loadu<A>(ak + c)));
+    }
     if (c < D) {
-        simd::store_partial(dk + c, sv * simd::load_partial<A>(qr + c, D - c), D - c);
-        simd::store_partial(dq + c, sv * simd::load_partial<A>(kr + c, D - c), D - c);
+        const V qv = simd::load_partial<A>(qr + c, D - c);
+        if (direct)
+            simd::store_partial(dk + c, sv * qv, D - c);
+        else
+            simd::storeu(ak + c, gi == 0 ? sv * qv : simd::fma(sv, qv, simd::loadu<A>(ak + c)));
+    }
+    for (c = 0; c + W <= D; c += W) put(dq + c, sv * simd::loadu<A>(kr + c), st_q);
+    if (c < D) simd::store_partial(dq + c, sv * simd::load_partial<A>(kr + c, D - c), D - c);
+    if (last && !direct) {
+        store_grad<A>(dk, ak, D, g.stream);
+        store_grad<A>(dvr, av, dv, g.stream);
     }
 }
 
-// Position l of item b on the MHA path: the per-head factors (rho of the local suffix, w of the
-// combination with `next`, e of the gates of pass 1) as vectors over the heads, then head_step
-// for each head.
+// Position l of item b in the causal gradient scan: the per-head factors (rho of the local
+// suffix, w of the combination with `next`, e of the gates of pass 1) as vectors over the heads,
+// then head_step for each query head, a key/value head's group in order.
 template <class A>
 ATTNKIT_NOINLINE void position_step(const grad_problem& g, index_t b, index_t l, bool first, grad_states& st,
                                     const state_ref& next) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     const problem& p = g.fw;
-    const index_t nh = p.heads;
+    const index_t nh = p.heads, G = p.group;
     const float* M = g.at(g.mx, b, l);
     for (index_t hh = 0; hh < nh; hh += W) {
         const index_t cnt = std::min(W, nh - hh);
@@ -423,7 +449,7 @@ ATTNKIT_NOINLINE void position_step(const grad_problem& g, index_t b, index_t l,
             store_heads<A>(st.e.data() + hh, simd::select(gv == V(-HUGE_VALF), V(0.0f), simd::exp(gv - m)), cnt);
         }
     }
-    for (index_t h = 0; h < nh; ++h) head_step<A>(g, b, l, h, st, next);
+    for (index_t h = 0; h < nh; ++h) head_step<A>(g, b, l, h, h % G, h % G == G - 1, st, next);
 }
 
 // Hints for the rows of position l (the next one a descending scan reads): each position's rows
@@ -503,7 +529,7 @@ void run_backward_causal(grad_problem& g, thread_pool* pool, index_t C, index_t 
             auto scan = [&](bool grads) {
                 st.clear();
                 for (index_t l = c1 - 1; l >= c0; --l) {
-                    if (grads && l < nv && p.group == 1) {
+                    if (grads && l < nv) {
                         position_step<A>(g, b, l, l == c1 - 1, st, sn);
                         if (l > c0) prefetch_position(g, b, l - 1, true);
                         continue;
