@@ -317,6 +317,52 @@ TEST(self_gating_attention_backward, masked_tokens_get_zero) {
     }
 }
 
+// GQA's d_k and d_v are the sums, over a key/value head's query heads, of what each query head
+// gets on its own: the same call with k and v repeated per query head (MHA) gives the terms,
+// summed here in double. The tolerance is a few float roundings of the sum of their magnitudes,
+// far below the oracle tests' bound-based one, so a wrong weight on one head's share shows.
+TEST(self_gating_attention_backward, gqa_sums_the_query_heads_shares) {
+    for (bool causal : {true, false})
+        for (bool with_lse : {false, true}) {
+            self_gating_options o;
+            o.causal = causal;
+            const index_t B = 2, L = 41, H = 6, Hk = 2, G = H / Hk, D = 20, Dv = 19;
+            const tensor4<float> q = random_bshd(B, L, H, D, distribution::gaussian, 141);
+            const tensor4<float> k = random_bshd(B, L, Hk, D, distribution::gaussian, 142);
+            const tensor4<float> v = random_bshd(B, L, Hk, Dv, distribution::gaussian, 143);
+            const tensor4<float> dout = random_bshd(B, L, H, Dv, distribution::gaussian, 144);
+            tensor4<float> km(B, L, H, D), vm(B, L, H, Dv);
+            for (index_t b = 0; b < B; ++b)
+                for (index_t l = 0; l < L; ++l)
+                    for (index_t h = 0; h < H; ++h) {
+                        for (index_t d = 0; d < D; ++d) km(b, l, h, d) = k(b, l, h / G, d);
+                        for (index_t d = 0; d < Dv; ++d) vm(b, l, h, d) = v(b, l, h / G, d);
+                    }
+            const grads gqa = run_fast(q, k, v, dout, o, nullptr, with_lse);
+            const grads mha = run_fast(q, km, vm, dout, o, nullptr, with_lse);
+            auto expect_sums = [&](const tensor4<float>& got, const tensor4<float>& terms, const char* what) {
+                double worst = 0.0;
+                for (index_t b = 0; b < B; ++b)
+                    for (index_t l = 0; l < L; ++l)
+                        for (index_t hk = 0; hk < Hk; ++hk)
+                            for (index_t d = 0; d < got.dimension(3); ++d) {
+                                double sum = 0.0, mag = 0.0;
+                                for (index_t gi = 0; gi < G; ++gi) {
+                                    sum += terms(b, l, hk * G + gi, d);
+                                    mag += std::abs(terms(b, l, hk * G + gi, d));
+                                }
+                                const double err = std::abs(got(b, l, hk, d) - sum) / (mag + 1e-30);
+                                worst = std::max(worst, err);
+                            }
+                EXPECT_LT(worst, 8 * std::numeric_limits<float>::epsilon())
+                    << what << (causal ? " causal" : " full") << " lse " << with_lse;
+            };
+            EXPECT_TRUE(all_close(gqa.dq, mha.dq, 0.0, 0.0)) << "d_q";
+            expect_sums(gqa.dk, mha.dk, "d_k");
+            expect_sums(gqa.dv, mha.dv, "d_v");
+        }
+}
+
 // Inputs and gradients as [B, H, L, D] buffers seen as BSHD views: the same bits as dense.
 TEST(self_gating_attention_backward, strided_views_equal_dense) {
     for (bool causal : {true, false}) {
