@@ -187,12 +187,24 @@ ATTNKIT_ALWAYS_INLINE void accumulate_keys(float* o, const float* p, index_t p_s
 template <class A, class T>
 constexpr bool kGroupRows = !std::is_same<A, simd::scalar_arch>::value;
 
+// Vector registers the grouped row functions plan for: AVX-512 has 32, SSE and AVX2 16.
+template <class A>
+constexpr index_t kRowRegisters = simd::kLanes<A> >= 16 ? 32 : 16;
+
+// The largest power of two <= n (n >= 1).
+constexpr index_t floor_pow2(index_t n) { return n >= 2 ? 2 * floor_pow2(n / 2) : 1; }
+
 // out[r * out_row + u * out_stride] = <q_r, k_u> (q_r = q + r * q_stride) for RB rows and
 // kRowScoreKeys keys: the keys in passes of KS, so that the RB * KS accumulators of a pass
 // fill whole transposing reductions (kRowScoreKeys, or the lane count W where that is more:
 // GQA bf16, f16 and int8 decode 4-18% faster at 16 lanes than with half-empty reductions); each
-// key vector is loaded and converted once per pass for all RB rows. Sums in the same order as
-// score_keys per (row, key).
+// key vector is loaded and converted once per pass for all RB rows. Within a step of a pass, KQ
+// keys' vectors are loaded into registers, then each row's query vector once for all of them:
+// RB + KS loads per RB * KS FMAs (KQ = KS where the registers allow, else the rows' vectors
+// are loaded once per KQ keys). Both kinds of vector are pinned in registers
+// (simd::keep_in_register): left to itself GCC 12 folds one of them into every FMA as a memory
+// operand, and the step runs bound by its loads. Sums in the same order as score_keys per (row,
+// key).
 // This and accumulate_keys_rows are functions of their own per (T, RB), not inlined into each
 // row kernel instantiation (policy x query type): inlined and unrolled they made the row kernel
 // several times as costly to compile at the same decode speed (docs/benchmarks.md).
@@ -206,37 +218,58 @@ ATTNKIT_NOINLINE void score_keys_rows(const float* q, index_t q_stride, const T*
     // reduction (simd::hsum_each: W vectors at a time) is full.
     constexpr index_t KS = std::max(KG, W) / RB;
     static_assert(KG % RB == 0 && KG % KS == 0, "passes must tile the step");
+    constexpr bool kPairs = kPairOrder<A, T>;
+    // Key vectors live at once: what the accumulators and one row's query vectors (two in pair
+    // order) leave, less one spare; a bfloat16 key takes two vectors in pair order.
+    constexpr index_t kFree = kRowRegisters<A> - RB * KS - (kPairs ? 2 : 1) - 1;
+    constexpr index_t KQ = std::min(KS, floor_pow2(std::max<index_t>(1, kFree / (kPairs ? 2 : 1))));
+    static_assert(KS % KQ == 0, "key groups must tile a pass");
     ATTNKIT_UNROLL for (index_t u0 = 0; u0 < KG; u0 += KS) {
         const T* kp = k + u0 * k_stride;
         V acc[RB * KS];
         ATTNKIT_UNROLL for (index_t i = 0; i < RB * KS; ++i) acc[i] = V(0.0f);
         index_t d = 0;
-        if constexpr (kPairOrder<A, T>) {
+        if constexpr (kPairs) {
             for (; d + 2 * W <= dim; d += 2 * W) {
-                ATTNKIT_UNROLL for (index_t u = 0; u < KS; ++u) {
-                    V e, o;
-                    simd::load_bf16_pairs<A>(kp + u * k_stride + d, e, o);
+                ATTNKIT_UNROLL for (index_t g = 0; g < KS; g += KQ) {
+                    V e[KQ], o[KQ];
+                    ATTNKIT_UNROLL for (index_t u = 0; u < KQ; ++u) {
+                        simd::load_bf16_pairs<A>(kp + (g + u) * k_stride + d, e[u], o[u]);
+                        simd::keep_in_register(e[u]);
+                        simd::keep_in_register(o[u]);
+                    }
                     ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
-                        const float* qr = q + r * q_stride + d;
-                        acc[r * KS + u] =
-                            simd::fma(simd::loadu<A>(qr + W), o, simd::fma(simd::loadu<A>(qr), e, acc[r * KS + u]));
+                        V qe = simd::loadu<A>(q + r * q_stride + d), qo = simd::loadu<A>(q + r * q_stride + d + W);
+                        simd::keep_in_register(qe);
+                        simd::keep_in_register(qo);
+                        ATTNKIT_UNROLL for (index_t u = 0; u < KQ; ++u) {
+                            V& a = acc[r * KS + g + u];
+                            a = simd::fma(qo, o[u], simd::fma(qe, e[u], a));
+                        }
                     }
                 }
             }
         }
-        for (; d + W <= dim; d += W) {
-            ATTNKIT_UNROLL for (index_t u = 0; u < KS; ++u) {
-                const V kv = simd::load_float<A>(kp + u * k_stride + d);
-                ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r)
-                    acc[r * KS + u] = simd::fma(simd::loadu<A>(q + r * q_stride + d), kv, acc[r * KS + u]);
+        // Whole vectors, then the last dim % W elements (zeros past the row in both operands).
+        auto step = [&](index_t dd, auto load_key) {
+            ATTNKIT_UNROLL for (index_t g = 0; g < KS; g += KQ) {
+                V kv[KQ];
+                ATTNKIT_UNROLL for (index_t u = 0; u < KQ; ++u) {
+                    kv[u] = load_key(kp + (g + u) * k_stride + dd);
+                    simd::keep_in_register(kv[u]);
+                }
+                ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
+                    V qv = simd::loadu<A>(q + r * q_stride + dd);
+                    simd::keep_in_register(qv);
+                    ATTNKIT_UNROLL for (index_t u = 0; u < KQ; ++u)
+                        acc[r * KS + g + u] = simd::fma(qv, kv[u], acc[r * KS + g + u]);
+                }
             }
-        }
+        };
+        for (; d + W <= dim; d += W) step(d, [](const T* x) { return simd::load_float<A>(x); });
         if (d < dim) {
-            ATTNKIT_UNROLL for (index_t u = 0; u < KS; ++u) {
-                const V kv = simd::load_float_partial<A>(kp + u * k_stride + d, dim - d);
-                ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r)
-                    acc[r * KS + u] = simd::fma(simd::loadu<A>(q + r * q_stride + d), kv, acc[r * KS + u]);
-            }
+            const index_t n = dim - d;
+            step(d, [n](const T* x) { return simd::load_float_partial<A>(x, n); });
         }
         constexpr index_t N = RB * KS;
         constexpr index_t NG = (N + W - 1) / W;
@@ -255,49 +288,60 @@ ATTNKIT_NOINLINE void score_keys_rows(const float* q, index_t q_stride, const T*
 
 // o_r += sum_u p_r[u * p_stride] v_u (o_r = o + r * o_row, p_r = p + r * p_row) for RB rows
 // over kRowValueKeys value rows, each value vector loaded and converted once for all RB rows.
-// Per row the same operations in the same order as accumulate_keys.
+// The weights are first gathered into a small array, so that each broadcast in the loop is a
+// load from a fixed offset (read through the strided pointers, the RB * kRowValueKeys addresses
+// did not fit the general registers and were reloaded from the stack beside every FMA). The
+// columns go CB vectors at a time: RB * CB accumulators stay in registers over the step's keys,
+// each broadcast weight feeds CB FMAs and each value vector RB. Per row and column the same
+// operations in the same order as accumulate_keys.
 template <class A, class T, index_t RB>
 ATTNKIT_NOINLINE void accumulate_keys_rows(float* o, index_t o_row, const float* p, index_t p_stride,
                                                 index_t p_row, const T* v, index_t v_stride, index_t dim_v) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     constexpr index_t KU = kRowValueKeys;
-    index_t c = 0;
-    if constexpr (kPairOrder<A, T>) {
-        for (; c + 2 * W <= dim_v; c += 2 * W) {
-            V ae[RB], ao[RB];
-            ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
-                ae[r] = simd::loadu<A>(o + r * o_row + c);
-                ao[r] = simd::loadu<A>(o + r * o_row + c + W);
-            }
-            ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) {
-                V e, od;
-                simd::load_bf16_pairs<A>(v + u * v_stride + c, e, od);
-                ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
-                    const V pv(p[r * p_row + u * p_stride]);
-                    ae[r] = simd::fma(pv, e, ae[r]);
-                    ao[r] = simd::fma(pv, od, ao[r]);
-                }
-            }
-            ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
-                simd::storeu(o + r * o_row + c, ae[r]);
-                simd::storeu(o + r * o_row + c + W, ao[r]);
-            }
-        }
-    }
-    for (; c + W <= dim_v; c += W) {
-        V a[RB];
-        ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) a[r] = simd::loadu<A>(o + r * o_row + c);
+    // Half the registers hold accumulators: with the chunk's value vectors and a broadcast
+    // weight that leaves a spare or more (16 registers: 8 + 2 + 1 at RB = 4, 8 + 4 + 1 at 2).
+    constexpr index_t CB = std::max<index_t>(kPairOrder<A, T> ? 2 : 1, kRowRegisters<A> / 2 / RB);
+    alignas(64) float w[KU * RB];
+    ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u)
+        ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) w[u * RB + r] = p[r * p_row + u * p_stride];
+    // One chunk of NV vectors of columns from c: in pair order (NV even, within the first
+    // floor(dim_v / 2W) * 2W columns) each two vectors are one pair load (even elements, then odd
+    // ones, as the output rows are kept there); single vectors past that are in natural order.
+    auto chunk = [&](index_t c, auto nv) {
+        constexpr index_t NV = decltype(nv)::value;
+        V a[RB * NV];
+        ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r)
+            ATTNKIT_UNROLL for (index_t j = 0; j < NV; ++j) a[r * NV + j] = simd::loadu<A>(o + r * o_row + c + j * W);
         ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) {
-            const V vv = simd::load_float<A>(v + u * v_stride + c);
-            ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) a[r] = simd::fma(V(p[r * p_row + u * p_stride]), vv, a[r]);
+            V vv[NV];
+            if constexpr (kPairOrder<A, T> && NV % 2 == 0) {
+                ATTNKIT_UNROLL for (index_t j = 0; j < NV; j += 2)
+                    simd::load_bf16_pairs<A>(v + u * v_stride + c + j * W, vv[j], vv[j + 1]);
+            } else {
+                ATTNKIT_UNROLL for (index_t j = 0; j < NV; ++j) vv[j] = simd::load_float<A>(v + u * v_stride + c + j * W);
+            }
+            ATTNKIT_UNROLL for (index_t j = 0; j < NV; ++j) simd::keep_in_register(vv[j]);
+            ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
+                const V pv(w[u * RB + r]);
+                ATTNKIT_UNROLL for (index_t j = 0; j < NV; ++j) a[r * NV + j] = simd::fma(pv, vv[j], a[r * NV + j]);
+            }
         }
-        ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) simd::storeu(o + r * o_row + c, a[r]);
+        ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r)
+            ATTNKIT_UNROLL for (index_t j = 0; j < NV; ++j) simd::storeu(o + r * o_row + c + j * W, a[r * NV + j]);
+    };
+    constexpr index_t kUnit = kPairOrder<A, T> ? 2 : 1;  // vectors per load: a pair, or one
+    index_t c = 0;
+    for (; c + CB * W <= dim_v; c += CB * W) chunk(c, std::integral_constant<index_t, CB>{});
+    for (; c + kUnit * W <= dim_v; c += kUnit * W) chunk(c, std::integral_constant<index_t, kUnit>{});
+    if constexpr (kPairOrder<A, T>) {
+        for (; c + W <= dim_v; c += W) chunk(c, std::integral_constant<index_t, 1>{});
     }
     for (; c < dim_v; ++c)
         ATTNKIT_UNROLL for (index_t r = 0; r < RB; ++r) {
             float a = o[r * o_row + c];
-            ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) a += p[r * p_row + u * p_stride] * simd::to_float(v[u * v_stride + c]);
+            ATTNKIT_UNROLL for (index_t u = 0; u < KU; ++u) a += w[u * RB + r] * simd::to_float(v[u * v_stride + c]);
             o[r * o_row + c] = a;
         }
 }
