@@ -12,7 +12,8 @@
 //    streams adds nothing: it competes for the same miss buffers;
 //  - with one query row per key/value head (MHA) and 16-bit or int8 K/V, the score walk of a
 //    block hints the block's V lines to L2 and the value walk the next block's K lines, so that
-//    the one of K and V that is not being read is still being fetched (kPrefetchOther);
+//    the one of K and V that is not being read is still being fetched (kPrefetchOther; AVX-512
+//    builds, where it was measured to pay);
 //  - eight keys per step in both walks: eight independent FMA chains per score step, one load
 //    of q per eight FMAs, and one load and store of each output vector per eight keys (the
 //    value walk is store-bound otherwise);
@@ -71,9 +72,14 @@ inline index_t pair_pos(index_t c, index_t n) {
 // with one query row per key/value head, where the walk spends the most instructions per byte
 // read and a second set of lines in flight pays. Float K/V, already near the read bandwidth,
 // and GQA rows, bound by their arithmetic, gained nothing from the hints or lost
-// (docs/benchmarks.md, section `detail/row_kernel.hpp`).
-template <class KT, class VT>
-constexpr bool kPrefetchOther = !std::is_same<KT, float>::value || !std::is_same<VT, float>::value;
+// (docs/benchmarks.md, section `detail/row_kernel.hpp`). Only in AVX-512 builds: measured on
+// an AVX-512 core (Sapphire Rapids) they made MHA 16-bit decode 3-7% faster; on an AVX2 core
+// (Zen 3, a quarter of that core's L2) they made it 10-50% slower, with the K/V in the L3 as
+// well as in DRAM; that VM had no hardware counters to say why. Zen 4 (AVX-512 with Zen 3's
+// cache sizes) has not been measured.
+template <class A, class KT, class VT>
+constexpr bool kPrefetchOther = simd::kLanes<A> >= 16 &&
+                                (!std::is_same<KT, float>::value || !std::is_same<VT, float>::value);
 
 // Hints the n_rows rows x + u * stride, u < n_rows, of `bytes` each to L2.
 template <class T>
@@ -450,7 +456,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         // The other tensor's hints (kPrefetchOther): this block's V during its scores, the
         // next block's K (when it is a whole one) during its values, step by step in the
         // order the walks will read them.
-        const bool hint = kPrefetchOther<KT, VT> && RH == 1 && nk == BK;
+        const bool hint = kPrefetchOther<A, KT, VT> && RH == 1 && nk == BK;
         const KT* kn = hint && j1 + BK <= max_hi ? p.k.row(rb.b, j1, rb.hk) : nullptr;
 
         // Scores, KG keys at a time, head by head; K rows shared by a head's rows. The KG keys
