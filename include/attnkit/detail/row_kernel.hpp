@@ -31,6 +31,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -413,7 +414,10 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
     const index_t D = p.s.dim, Dv = p.s.dim_v, R = rb.rows(), RH = rb.rows_per_kv_head();
     const index_t Dp = (D + W - 1) / W * W;  // padded query rows: whole-vector loads
 
-    buf.assign(static_cast<std::size_t>(R * (Dp + Dv + BK + Policy::kStateArrays)), 0.0f);
+    // Zeroed by memset: GCC 12 at -O2 fills a vector<float> one element at a time.
+    const std::size_t buf_floats = static_cast<std::size_t>(R * (Dp + Dv + BK + Policy::kStateArrays));
+    buf.resize(buf_floats);
+    std::memset(buf.data(), 0, buf_floats * sizeof(float));
     // Per-thread scratch (scratch.hpp): a decode step allocates nothing after the first.
     scratch_lease<index_t> lo_lease, hi_lease;
     std::vector<index_t>& lo = lo_lease.get();
@@ -501,8 +505,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
             if (!active(r)) continue;
             const index_t a = std::max(lo[r], j0) - j0, z = std::min(hi[r], j0 + nk) - j0;
             const float alpha = pol.template row_weights<A>(sc + r * BK, nk, a, z, state + r, R);
-            if (alpha != 1.0f)
-                for (index_t c = 0; c < Dv; ++c) o[r * Dv + c] *= alpha;
+            if (alpha != 1.0f) simd::scale_into<A>(o + r * Dv, alpha, Dv);
         }
         if constexpr (simd::kIsScaledStorage<VT>) scale_block(p.v_scale, rb, j0, nk, sc, lo, hi, row_scales);
 
@@ -559,7 +562,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
     for (index_t r = 0; r < R; ++r) {
         const float scale = pol.emit_scale(state + r, R);
         float* orow = o + r * Dv;
-        for (index_t c = 0; c < Dv; ++c) orow[c] *= scale;
+        simd::scale_into<A>(orow, scale, Dv);
         if constexpr (kPairOrder<A, VT>) {
             for (index_t c = 0; c < Dv; ++c) natural[static_cast<std::size_t>(c)] = orow[pair_pos<A>(c, Dv)];
             orow = natural.data();
