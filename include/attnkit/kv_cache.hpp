@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "attnkit/detail/check.hpp"
+#include "attnkit/detail/huge_pages.hpp"
 #include "attnkit/eigen_core.hpp"
 #include "attnkit/int8_kv.hpp"
 #include "attnkit/model/rope.hpp"
@@ -123,8 +124,8 @@ public:
         }
         if (kInt8) {
             const std::size_t n = static_cast<std::size_t>(cfg_.pages * cfg_.page_rows * cfg_.heads_kv);
-            ks_.assign(static_cast<std::size_t>(cfg_.layers), std::vector<float>(n, 0.0f));
-            vs_.assign(static_cast<std::size_t>(cfg_.layers), std::vector<float>(n, 0.0f));
+            ks_.assign(static_cast<std::size_t>(cfg_.layers), page_array<float>(n, 0.0f));
+            vs_.assign(static_cast<std::size_t>(cfg_.layers), page_array<float>(n, 0.0f));
         }
         free_.reserve(static_cast<std::size_t>(cfg_.pages));
         for (index_t pg = cfg_.pages - 1; pg >= 0; --pg)
@@ -304,7 +305,11 @@ private:
                          detail::number(layer));
         return static_cast<std::size_t>(layer);
     }
-    auto pages_of_layer(const std::vector<std::vector<T>>& x, const std::vector<std::vector<float>>& s,
+    // The pages of each layer, in memory advised as huge pages (detail/huge_pages.hpp: decode
+    // streams them whole at every step).
+    template <class E>
+    using page_array = std::vector<E, detail::huge_page_allocator<E>>;
+    auto pages_of_layer(const std::vector<page_array<T>>& x, const std::vector<page_array<float>>& s,
                         index_t layer, index_t dim) const {
         const std::size_t li = layer_index(layer);
         const view<const T, 4> values(x[li].data(), {cfg_.pages, cfg_.page_rows, cfg_.heads_kv, dim});
@@ -424,8 +429,8 @@ private:
 
     kv_cache_config cfg_;
     index_t page_k_ = 0, page_v_ = 0;
-    std::vector<std::vector<T>> k_, v_;
-    std::vector<std::vector<float>> ks_, vs_;  // int8: the scale of each (page row, head)
+    std::vector<page_array<T>> k_, v_;
+    std::vector<page_array<float>> ks_, vs_;  // int8: the scale of each (page row, head)
     std::vector<float> amax_;                  // int8: append's per-row max |x|
     std::vector<std::int32_t> free_;  // a stack: the most recently freed page is reused first
     std::vector<seq> seqs_;
