@@ -39,7 +39,8 @@ struct huge_page_allocator {
     huge_page_allocator(const huge_page_allocator<U>&) noexcept {}
 
     T* allocate(std::size_t n) {
-        if (n > std::numeric_limits<std::size_t>::max() / sizeof(T) - kHugePageBytes) throw std::bad_array_new_length();
+        // n elements and the rounding up to whole huge pages must fit a size_t.
+        if (n > (std::numeric_limits<std::size_t>::max() - kHugePageBytes) / sizeof(T)) throw std::bad_array_new_length();
         const std::size_t bytes = n * sizeof(T);
         if (bytes < kHugePageBytes) return static_cast<T*>(::operator new(bytes));
         const std::size_t whole = huge_page_round(bytes);

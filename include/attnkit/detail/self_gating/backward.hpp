@@ -248,6 +248,14 @@ ATTNKIT_NOINLINE void zero_token(const grad_problem& g, index_t b, index_t l, gr
     }
 }
 
+// acc[0, W) = s x for the first query head of a key/value head's group, acc + s x for the
+// others, in order: d_k and d_v of a group are summed this way on both paths (token_grads,
+// head_step), so the paths give the same bits.
+template <class A>
+ATTNKIT_ALWAYS_INLINE void group_sum(float* acc, const simd::vfloat<A>& s, const simd::vfloat<A>& x, bool first) {
+    simd::storeu(acc, first ? s * x : simd::fma(s, x, simd::loadu<A>(acc)));
+}
+
 // The gradients of token l of item b from its suffix (s, r) (fix_suffix): e = exp(g - M) (0 for a
 // gate of -inf, which weighs nothing), then per key/value head the d_q rows of its query heads
 // and its d_k and d_v rows, the query heads summed in order.
@@ -267,8 +275,8 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
             store_heads<A>(st.e.data() + hh, e, cnt);
         }
     }
-    float* ak = st.acc_k.data();
-    float* av = st.acc_v.data();
+    float* sum_k = st.acc_k.data();
+    float* sum_v = st.acc_v.data();
     for (index_t hk = 0; hk < p.heads_kv; ++hk) {
         const float* kr = p.k.row(b, l, hk);
         const float* vr = p.v.row(b, l, hk);
@@ -296,12 +304,12 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
             const float sd = p.scale * (e * (simd::hsum(t0 + t1) - st.r[static_cast<std::size_t>(h)]));
             const V ev(e), sv(sd);
             for (c = 0; c < dvp; c += W)
-                simd::storeu(av + c, gi == 0 ? ev * simd::loadu<A>(S + c) : simd::fma(ev, simd::loadu<A>(S + c), simd::loadu<A>(av + c)));
+                group_sum<A>(sum_v + c, ev, simd::loadu<A>(S + c), gi == 0);
             float* dq = g.dq.row(b, l, h);
             const bool st_q = g.stream && simd::stream_aligned<A>(dq);
             for (c = 0; c + W <= D; c += W) {
                 const V qv = simd::loadu<A>(qr + c);
-                simd::storeu(ak + c, gi == 0 ? sv * qv : simd::fma(sv, qv, simd::loadu<A>(ak + c)));
+                group_sum<A>(sum_k + c, sv, qv, gi == 0);
                 const V dqv = sv * simd::loadu<A>(kr + c);
                 if (st_q)
                     simd::stream_store(dq + c, dqv);
@@ -310,12 +318,12 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
             }
             if (c < D) {
                 const V qv = simd::load_partial<A>(qr + c, D - c);
-                simd::storeu(ak + c, gi == 0 ? sv * qv : simd::fma(sv, qv, simd::loadu<A>(ak + c)));
+                group_sum<A>(sum_k + c, sv, qv, gi == 0);
                 simd::store_partial(dq + c, sv * simd::load_partial<A>(kr + c, D - c), D - c);
             }
         }
-        store_grad<A>(g.dk.row(b, l, hk), ak, D, g.stream);
-        store_grad<A>(g.dv.row(b, l, hk), av, dv, g.stream);
+        store_grad<A>(g.dk.row(b, l, hk), sum_k, D, g.stream);
+        store_grad<A>(g.dv.row(b, l, hk), sum_v, dv, g.stream);
     }
 }
 
@@ -343,15 +351,15 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     const float* o = g.o.row(b, l, h);
     float* sl = st.sl.data() + h * dvp;
     const float* sn = next.n + h * dvp;
-    float* ak = st.acc_k.data();
-    float* av = st.acc_v.data();
+    float* sum_k = st.acc_k.data();
+    float* sum_v = st.acc_v.data();
     float e = st.e[hs];
     if (g.lse) {
         const float gate = simd::dot<A>(qr, kr, D) * p.scale;
         e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - g.at(g.mx, b, l)[h]);
     }
     const float a = g.at(g.inv, b, l)[h];
-    const V av_(a), rv(st.rho[hs]), wv(st.w[hs]), ev(e);
+    const V av(a), rv(st.rho[hs]), wv(st.w[hs]), ev(e);
     float* dvr = g.dv.row(b, l, hk);
     const bool st_v = g.stream && simd::stream_aligned<A>(dvr);
     auto put = [](float* dst, const V& x, bool stream) {
@@ -365,13 +373,13 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
         if (direct)
             put(dvr + c, ev * s, st_v);
         else
-            simd::storeu(av + c, gi == 0 ? ev * s : simd::fma(ev, s, simd::loadu<A>(av + c)));
+            group_sum<A>(sum_v + c, ev, s, gi == 0);
     };
     V acc0(0.0f), acc1(0.0f), t0(0.0f), t1(0.0f);
     index_t c = 0;
     for (; c + 2 * W <= dv; c += 2 * W) {
         const V d0 = simd::loadu<A>(d + c), d1 = simd::loadu<A>(d + c + W);
-        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av_), l1 = simd::fma(simd::loadu<A>(sl + c + W), rv, d1 * av_);
+        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av), l1 = simd::fma(simd::loadu<A>(sl + c + W), rv, d1 * av);
         simd::storeu(sl + c, l0);
         simd::storeu(sl + c + W, l1);
         acc0 = simd::fma(d0, simd::loadu<A>(o + c), acc0);
@@ -385,7 +393,7 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     for (; c < dv; c += W) {
         const index_t n = std::min(W, dv - c);
         const V d0 = simd::load_partial<A>(d + c, n);
-        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av_);
+        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av);
         simd::storeu(sl + c, l0);
         acc0 = simd::fma(d0, simd::load_partial<A>(o + c, n), acc0);
         const V s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0);
@@ -411,20 +419,20 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
         if (direct)
             put(dk + c, sv * qv, st_k);
         else
-            simd::storeu(ak + c, gi == 0 ? sv * qv : simd::fma(sv, qv, simd::loadu<A>(ak + c)));
+            group_sum<A>(sum_k + c, sv, qv, gi == 0);
     }
     if (c < D) {
         const V qv = simd::load_partial<A>(qr + c, D - c);
         if (direct)
             simd::store_partial(dk + c, sv * qv, D - c);
         else
-            simd::storeu(ak + c, gi == 0 ? sv * qv : simd::fma(sv, qv, simd::loadu<A>(ak + c)));
+            group_sum<A>(sum_k + c, sv, qv, gi == 0);
     }
     for (c = 0; c + W <= D; c += W) put(dq + c, sv * simd::loadu<A>(kr + c), st_q);
     if (c < D) simd::store_partial(dq + c, sv * simd::load_partial<A>(kr + c, D - c), D - c);
     if (last && !direct) {
-        store_grad<A>(dk, ak, D, g.stream);
-        store_grad<A>(dvr, av, dv, g.stream);
+        store_grad<A>(dk, sum_k, D, g.stream);
+        store_grad<A>(dvr, sum_v, dv, g.stream);
     }
 }
 
