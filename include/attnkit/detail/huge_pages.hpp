@@ -4,11 +4,11 @@
 //
 // Why: decode streams the whole cache once per step, a new 4 KiB page every 4 KiB of each
 // stream, and Linux backs memory with 2 MiB pages only where a program asks for them when THP is
-// in its default "madvise" mode. Decode through the cache over 2 MiB pages ran 3-22% faster
-// (medians) than over 4 KiB ones on the same rows (docs/benchmarks.md, "Huge pages"). The advice
-// changes no value: a kernel that
-// declines it (THP "never", another OS) leaves the same memory in 4 KiB pages. The cache touches
-// every page when it is built (zeroed), so nothing is reserved that is not used anyway.
+// in its default "madvise" mode. Decode through the cache measured faster over 2 MiB pages than
+// over 4 KiB ones on the same rows (docs/benchmarks.md, "Huge pages"). The advice changes no
+// value: a kernel that declines it (THP "never", another OS) leaves the same memory in 4 KiB
+// pages. The cache touches every page when it is built (zeroed), so nothing is reserved that is
+// not used anyway.
 // PyTorch's CPU allocator has the same advice behind an environment switch
 // (C10_THP_MEM_ALLOC_ENABLE); a cache's pages are large and fully used, so here it is always on.
 #pragma once

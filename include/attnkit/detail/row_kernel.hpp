@@ -74,10 +74,9 @@ inline index_t pair_pos(index_t c, index_t n) {
 // read and a second set of lines in flight pays. Float K/V, already near the read bandwidth,
 // and GQA rows, bound by their arithmetic, gained nothing from the hints or lost
 // (docs/benchmarks.md, section `detail/row_kernel.hpp`). Only in AVX-512 builds: measured on
-// an AVX-512 core (Sapphire Rapids) they made MHA 16-bit decode 3-7% faster; on an AVX2 core
-// (Zen 3, a quarter of that core's L2) they made it 10-50% slower, with the K/V in the L3 as
-// well as in DRAM; that VM had no hardware counters to say why. Zen 4 (AVX-512 with Zen 3's
-// cache sizes) has not been measured.
+// an AVX-512 core (Sapphire Rapids) they made MHA 16-bit decode faster, on an AVX2 core (Zen 3)
+// slower, with the K/V in the L3 as well as in DRAM (the same section); that VM had no hardware
+// counters to say why. Zen 4 (AVX-512 with Zen 3's cache sizes) has not been measured.
 template <class A, class KT, class VT>
 constexpr bool kPrefetchOther = simd::kLanes<A> >= 16 &&
                                 (!std::is_same<KT, float>::value || !std::is_same<VT, float>::value);
