@@ -227,14 +227,33 @@ TEST(kv_cache, lifecycle_bfloat16) { lifecycle<Eigen::bfloat16>(); }
 TEST(kv_cache, lifecycle_half) { lifecycle<Eigen::half>(); }
 TEST(kv_cache, lifecycle_int8) { lifecycle<std::int8_t>(); }
 
-template <class T>
-void rope_on_append() {
-    kv_cache<T> cache(small_config(8));
-    dense_model<T> m;
-    const index_t a = cache.add_sequence(), b = cache.add_sequence();
+// K rotated on the way in equals model::rope on the float rows, rounded to T, bit for bit: the
+// interleaved form over the whole head, and rotate-half over a partial rotary dim (16 of 24; the
+// rest passes through) with Llama 3.1 scaling.
+attnkit::model::rope_options interleaved_rope() {
     attnkit::model::rope_options ro;
     ro.theta = 10000.0f;
     ro.style = attnkit::model::rope_style::interleaved;
+    return ro;
+}
+
+attnkit::model::rope_options partial_llama3_rope() {
+    attnkit::model::rope_options ro;
+    ro.theta = 500000.0f;
+    ro.rotary_dim = 16;
+    ro.scaling.type = attnkit::model::rope_scaling_type::llama3;
+    ro.scaling.factor = 8;
+    ro.scaling.low_freq_factor = 1;
+    ro.scaling.high_freq_factor = 4;
+    ro.scaling.original_max_position_embeddings = 64;
+    return ro;
+}
+
+template <class T>
+void rope_on_append(const attnkit::model::rope_options& ro) {
+    kv_cache<T> cache(small_config(8));
+    dense_model<T> m;
+    const index_t a = cache.add_sequence(), b = cache.add_sequence();
     kv_step st = cache.begin_step({a, b}, {70, 3});
     append_step(cache, m, st, 5, &ro);
     st = cache.begin_step({b, a}, {1, 1});
@@ -243,10 +262,77 @@ void rope_on_append() {
     EXPECT_EQ(st.positions, (std::vector<std::int64_t>{3, 70}));
 }
 
-TEST(kv_cache, rope_on_append_float) { rope_on_append<float>(); }
-TEST(kv_cache, rope_on_append_bfloat16) { rope_on_append<Eigen::bfloat16>(); }
-TEST(kv_cache, rope_on_append_half) { rope_on_append<Eigen::half>(); }
-TEST(kv_cache, rope_on_append_int8) { rope_on_append<std::int8_t>(); }
+TEST(kv_cache, rope_on_append_float) { rope_on_append<float>(interleaved_rope()); }
+TEST(kv_cache, rope_on_append_bfloat16) { rope_on_append<Eigen::bfloat16>(interleaved_rope()); }
+TEST(kv_cache, rope_on_append_half) { rope_on_append<Eigen::half>(interleaved_rope()); }
+TEST(kv_cache, rope_on_append_int8) { rope_on_append<std::int8_t>(interleaved_rope()); }
+TEST(kv_cache, partial_rope_on_append_float) { rope_on_append<float>(partial_llama3_rope()); }
+TEST(kv_cache, partial_rope_on_append_bfloat16) { rope_on_append<Eigen::bfloat16>(partial_llama3_rope()); }
+TEST(kv_cache, partial_rope_on_append_int8) { rope_on_append<std::int8_t>(partial_llama3_rope()); }
+
+// k_new in the cache's own 16-bit type: rotated from those values in float and rounded once,
+// as model::rope does to a 16-bit tensor in place.
+template <class T>
+void rope_on_append_from_storage_type() {
+    kv_cache<T> cache(small_config(4));
+    dense_model<T> m;
+    const index_t a = cache.add_sequence();
+    const kv_step st = cache.begin_step({a}, {67});
+    const index_t Tq = st.tokens();
+    packed<float> kf(Tq, kHk, kD), vn(Tq, kHk, kDv);
+    packed<T> kt(Tq, kHk, kD);
+    fill_random(kf.data(), static_cast<std::size_t>(kf.size()), distribution::uniform, 21);
+    fill_random(vn.data(), static_cast<std::size_t>(vn.size()), distribution::uniform, 22);
+    for (index_t i = 0; i < kf.size(); ++i) {
+        kt.data()[i] = T(kf.data()[i]);
+        kf.data()[i] = static_cast<float>(kt.data()[i]);  // the 16-bit values, exactly
+    }
+    const attnkit::model::rope_options ro = partial_llama3_rope();
+    cache.append(0, st, kt, vn, ro);
+    attnkit::model::rope(attnkit::view<float, 4>(kf.data(), {1, Tq, kHk, kD}), st.positions_tensor(), ro);
+    for (index_t t = 0; t < Tq; ++t) {
+        std::vector<double> kr, vr;
+        for (index_t h = 0; h < kHk; ++h) {
+            append_stored<T>(&kf(t, h, 0), kD, kr);
+            append_stored<T>(&vn(t, h, 0), kDv, vr);
+        }
+        m.k[0][a].push_back(kr);
+        m.v[0][a].push_back(vr);
+    }
+    EXPECT_TRUE(same_contents(cache, m));
+}
+
+TEST(kv_cache, rope_on_append_from_bfloat16) { rope_on_append_from_storage_type<Eigen::bfloat16>(); }
+TEST(kv_cache, rope_on_append_from_half) { rope_on_append_from_storage_type<Eigen::half>(); }
+
+// RoPE options the rows cannot take are refused before any row of the step is written.
+TEST(kv_cache_errors, bad_rope_options_leave_the_step_unwritten) {
+    kv_cache<Eigen::bfloat16> cache(small_config(4));
+    const index_t a = cache.add_sequence();
+    const kv_step st = cache.begin_step({a}, {3});
+    packed<float> kn(3, kHk, kD), vn(3, kHk, kDv);
+    kn.setConstant(1.0f);
+    vn.setConstant(1.0f);
+    auto raw = [&] {
+        std::vector<unsigned char> bytes;
+        for (index_t layer = 0; layer < 2; ++layer)
+            for (const auto& p : {cache.k_pages(layer), cache.v_pages(layer)}) {
+                const auto* b = reinterpret_cast<const unsigned char*>(p.data);
+                const index_t n = p.dims[0] * p.dims[1] * p.dims[2] * p.dims[3];
+                bytes.insert(bytes.end(), b, b + n * static_cast<index_t>(sizeof(Eigen::bfloat16)));
+            }
+        return bytes;
+    };
+    const std::vector<unsigned char> before = raw();
+    attnkit::model::rope_options offset = interleaved_rope(), odd = interleaved_rope(), wide = interleaved_rope();
+    offset.position_offset = 5;
+    odd.rotary_dim = 7;
+    wide.rotary_dim = 26;
+    expect_invalid([&] { cache.append(0, st, kn, vn, offset); }, "opts.position_offset: expected 0 with a positions tensor");
+    expect_invalid([&] { cache.append(0, st, kn, vn, odd); }, "opts.rotary_dim: the rotary dim must be even and >= 2");
+    expect_invalid([&] { cache.append(1, st, kn, vn, wide); }, {"opts.rotary_dim", "k_new [1, 3, 2, 24]"});
+    EXPECT_TRUE(raw() == before);
+}
 
 // An int8 cache cannot hold Inf or NaN: such a row is refused, the cache unchanged.
 TEST(kv_cache_errors, int8_refuses_rows_that_are_not_finite) {

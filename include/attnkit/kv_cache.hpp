@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -341,23 +342,25 @@ private:
         detail::check_shape("k_new", kn, {Tq, Hk, cfg_.dim}, "[Tq, Hk, D]");
         detail::check_shape("v_new", vn, {Tq, Hk, cfg_.dim_v}, "[Tq, Hk, Dv]");
         if (Tq == 0) return;
-        // K through a float buffer when rotated (one rounding to T, after the rotation).
-        const KT* k_src = kn.data;
-        index_t k_row = kn.strides[0], k_head = kn.strides[1];
-        if (rope) {
-            rotated_.resize(static_cast<std::size_t>(Tq * Hk * cfg_.dim));
-            for (index_t t = 0; t < Tq; ++t)
-                for (index_t h = 0; h < Hk; ++h)
-                    simd::convert_row<simd::default_arch>(
-                        kn.ptr(t, h), rotated_.data() + (t * Hk + h) * cfg_.dim, cfg_.dim);
-            model::rope(view<float, 4>(rotated_.data(), {1, Tq, Hk, cfg_.dim}),
-                        step.positions_tensor(), *rope);
+        // RoPE on the way in: K rotated from k_new straight into its slot, in float, rounded once
+        // to T (int8: into a float buffer first, whose rows are then quantised). The options and
+        // positions are checked here, before anything is written.
+        std::optional<model::detail::rope_rows> rot;
+        if (rope)
+            rot.emplace(view<const KT, 4>(kn.data, {1, Tq, Hk, cfg_.dim}), step.positions.data(), *rope, "k_new");
+        if constexpr (kInt8) {
+            if (rot) {
+                rotated_.resize(static_cast<std::size_t>(Tq * Hk * cfg_.dim));
+                for (index_t t = 0; t < Tq; ++t)
+                    for (index_t h = 0; h < Hk; ++h)
+                        rot->rotate(t, kn.ptr(t, h), rotated_.data() + (t * Hk + h) * cfg_.dim);
+            }
         }
-        // Row (t, h) of K as it is to be stored (int8 caches: float rows only).
+        // Row (t, h) of K as it is to be quantised (int8 caches: float rows only).
         auto k_row_at = [&](index_t t, index_t h) -> const KT* {
-            if constexpr (std::is_same<KT, float>::value)
-                if (rope) return rotated_.data() + (t * Hk + h) * cfg_.dim;
-            return k_src + t * k_row + h * k_head;
+            if constexpr (kInt8)
+                if (rot) return rotated_.data() + (t * Hk + h) * cfg_.dim;
+            return kn.ptr(t, h);
         };
         // int8: every row's max |x| first, so that a row int8 cannot hold is refused before
         // anything is written.
@@ -397,16 +400,14 @@ private:
                         vs_[li][static_cast<std::size_t>(slot * Hk + h)] =
                             detail::quantize_row(vn.ptr(static_cast<index_t>(t), h), cfg_.dim_v, amax_[2 * at + 1],
                                                  V + (slot * Hk + h) * cfg_.dim_v);
-                        continue;
+                    } else {
+                        if (rot)
+                            rot->rotate(static_cast<index_t>(t), kn.ptr(static_cast<index_t>(t), h), kd);
+                        else
+                            store_row(kn.ptr(static_cast<index_t>(t), h), kd, cfg_.dim);
+                        store_row(vn.ptr(static_cast<index_t>(t), h), V + (slot * Hk + h) * cfg_.dim_v,
+                                  cfg_.dim_v);
                     }
-                    if (rope)
-                        store_row(rotated_.data() + (static_cast<index_t>(t) * Hk + h) * cfg_.dim,
-                                  kd, cfg_.dim);
-                    else
-                        store_row(k_src + static_cast<index_t>(t) * k_row + h * k_head, kd,
-                                  cfg_.dim);
-                    store_row(vn.ptr(static_cast<index_t>(t), h), V + (slot * Hk + h) * cfg_.dim_v,
-                              cfg_.dim_v);
                 }
             }
         }
@@ -434,7 +435,7 @@ private:
     std::vector<float> amax_;                  // int8: append's per-row max |x|
     std::vector<std::int32_t> free_;  // a stack: the most recently freed page is reused first
     std::vector<seq> seqs_;
-    std::vector<float> rotated_;
+    std::vector<float> rotated_;  // int8 with RoPE: the rotated K rows, quantised from there
     std::uint64_t serial_ = 0;
 };
 

@@ -185,18 +185,22 @@ auto table_start(V& t) {
 constexpr index_t kRopeSerialElements = index_t(1) << 16;
 constexpr index_t kRopeSerialAngles = index_t(1) << 13;
 
-// x's rows at the positions of table rows: row (b, l) uses table row row_of(b, l). kInverse
-// rotates by -angle (rope_backward), from the same table: a cached table serves both directions.
-template <bool kInverse, class T, class RowOf>
-void rope_apply(const view<T, 4>& x, index_t R, const rope_options& o, const std::vector<std::int64_t>& distinct,
-                RowOf&& row_of) {
+// The cos / sin table of a call: one row per distinct position, `stride` floats apart from
+// `rows` (from o.cache when it holds them; `table` keeps them alive). `elements`: how many the
+// call rotates, which decides whether the table is built on the pool.
+struct rope_table {
+    std::shared_ptr<const std::vector<float>> table;
+    const float* rows = nullptr;
+    index_t stride = 0;
+    bool interleaved = false;
+};
+
+inline rope_table make_rope_table(index_t R, const rope_options& o, const std::vector<std::int64_t>& distinct) {
     namespace rp = attnkit::detail::rope;
     using A = simd::default_arch;
-    const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2];
     const bool interleaved = o.style == rope_style::interleaved;
     const index_t n = static_cast<index_t>(distinct.size());
     const index_t stride = rp::table_row_floats(interleaved, R);
-
     rope_table_key key;
     key.theta = o.theta;
     key.style = o.style;
@@ -213,19 +217,83 @@ void rope_apply(const view<T, 4>& x, index_t R, const rope_options& o, const std
         table = std::move(t);
         if (o.cache) rope_cache_access::insert(*o.cache, key, distinct, freq, table);
     }
-    const float* tab = table_start(*table);
+    rope_table r;
+    r.rows = table_start(*table);
+    r.table = std::move(table);
+    r.stride = stride;
+    r.interleaved = interleaved;
+    return r;
+}
+
+// The distinct values of `all`, sorted, and for each entry of `all` its index among them: a
+// decode batch at 16 lengths needs 16 table rows, a batch of prompts at the same offsets shares
+// theirs.
+inline std::vector<std::int64_t> distinct_positions(const std::vector<std::int64_t>& all, std::vector<index_t>& row) {
+    std::vector<std::int64_t> distinct = all;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    row.resize(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i)
+        row[i] = std::lower_bound(distinct.begin(), distinct.end(), all[i]) - distinct.begin();
+    return distinct;
+}
+
+// x's rows at the positions of table rows, in place: row (b, l) uses table row row_of(b, l).
+// kInverse rotates by -angle (rope_backward), from the same table: a cached table serves both
+// directions.
+template <bool kInverse, class T, class RowOf>
+void rope_apply(const view<T, 4>& x, index_t R, const rope_options& o, const std::vector<std::int64_t>& distinct,
+                RowOf&& row_of) {
+    using A = simd::default_arch;
+    const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2];
+    const rope_table t = make_rope_table(R, o, distinct);
     thread_pool* pool = B * L * H * R >= kRopeSerialElements ? o.pool : nullptr;
     parallel_for(pool, B * L, [&](index_t bl) {
         const index_t b = bl / L, l = bl % L;
-        const float* row = tab + row_of(b, l) * stride;
+        const float* row = t.rows + row_of(b, l) * t.stride;
         for (index_t h = 0; h < H; ++h) {
-            if (interleaved)
-                rp::interleaved_head<A, kInverse>(x.ptr(b, l, h), row, R);
-            else
-                rp::rotate_half_head<A, kInverse>(x.ptr(b, l, h), row, R);
+            T* p = x.ptr(b, l, h);
+            attnkit::detail::rope::rope_head<A, kInverse>(p, p, row, R, R, t.interleaved);
         }
     });
 }
+
+// The rotation of the rows of n tokens at positions[0, n) (H heads of D elements each), from
+// rows elsewhere into rows of the destination (kv_cache's append: k_new into the cache's pages,
+// rotated in float and rounded once to the storage type). Made first, it checks the options and
+// positions as model::rope(x, positions, o) would for an x of [1, n, H, D] named `name`, so the
+// caller can refuse before writing anything; then rotate(t, x, y) writes one head's row of token
+// t: the form's rotation of x[0, R) and x[R, D) copied, with model::rope's arithmetic.
+class rope_rows {
+public:
+    template <class S>
+    rope_rows(const view<const S, 4>& shape, const std::int64_t* positions, const rope_options& o, const char* name)
+        : R_(check_rope_options(o, shape, name)), D_(shape.dims[3]) {
+        if (o.position_offset != 0)
+            attnkit::detail::fail("opts.position_offset: expected 0 with a positions tensor (positions give every "
+                                  "row's position), got " + std::to_string(o.position_offset));
+        const index_t n = shape.dims[1];
+        std::vector<std::int64_t> all(positions, positions + n);
+        for (index_t t = 0; t < n; ++t)
+            if (all[static_cast<std::size_t>(t)] < 0)
+                attnkit::detail::fail("positions: expected >= 0, got " + std::to_string(all[static_cast<std::size_t>(t)]) +
+                                      " at token " + std::to_string(t));
+        if (n == 0 || R_ == 0) return;
+        table_ = make_rope_table(R_, o, distinct_positions(all, row_));
+    }
+
+    template <class S, class T>
+    void rotate(index_t t, const S* x, T* y) const {
+        if (D_ == 0) return;
+        const float* row = table_.rows + row_[static_cast<std::size_t>(t)] * table_.stride;
+        attnkit::detail::rope::rope_head<simd::default_arch>(x, y, row, R_, D_, table_.interleaved);
+    }
+
+private:
+    index_t R_ = 0, D_ = 0;
+    rope_table table_;
+    std::vector<index_t> row_;
+};
 
 template <class X>
 auto rope_x_view(X&& x_in) {
@@ -291,14 +359,8 @@ void rope_at_positions(const view<T, 4>& x, const P& positions_in, const rope_op
             all[static_cast<std::size_t>(b * L + l)] = p;
         }
     if (B == 0 || L == 0 || H == 0 || R == 0) return;
-    // One table row per distinct position: a decode batch at 16 lengths computes 16 rows, a
-    // batch of prompts at the same offsets shares theirs.
-    std::vector<std::int64_t> distinct = all;
-    std::sort(distinct.begin(), distinct.end());
-    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-    std::vector<index_t> row(all.size());
-    for (std::size_t i = 0; i < all.size(); ++i)
-        row[i] = std::lower_bound(distinct.begin(), distinct.end(), all[i]) - distinct.begin();
+    std::vector<index_t> row;
+    const std::vector<std::int64_t> distinct = distinct_positions(all, row);
     rope_apply<kInverse>(x, R, o, distinct,
                          [&](index_t b, index_t l) { return row[static_cast<std::size_t>(b * L + l)]; });
 }

@@ -90,75 +90,92 @@ ATTNKIT_ALWAYS_INLINE V negate_if(const V& p) noexcept {
     }
 }
 
-// Rotate-half on x[0, R) of one head: W pairs per step; the last R/2 mod W pairs through the same
-// vector code on a padded copy, so that every element gets the same arithmetic wherever it falls
-// (the vector fma is two roundings on targets without FMA, std::fma would be one).
-template <class A, bool kInverse = false, class T>
-ATTNKIT_ALWAYS_INLINE void rotate_half_step(T* x1p, T* x2p, const float* cs, const float* sn) noexcept {
+// Rotate-half of x[0, R) of one head into y[0, R) (x == y: in place; x may be float or y's
+// type, y float or 16-bit): W pairs per step; the last R/2 mod W pairs through the same vector
+// code on padded copies, so that every element gets the same arithmetic wherever it falls (the
+// vector fma is two roundings on targets without FMA, std::fma would be one). A 16-bit y is
+// rounded once, after the rotation in float, whether x is float or y's own type.
+template <class A, bool kInverse = false, class S, class T>
+ATTNKIT_ALWAYS_INLINE void rotate_half_step(const S* x1p, const S* x2p, T* y1p, T* y2p, const float* cs,
+                                            const float* sn) noexcept {
     using V = simd::vfloat<A>;
     const V x1 = simd::load_float<A>(x1p), x2 = simd::load_float<A>(x2p);
     const V c = simd::loadu<A>(cs), s = simd::loadu<A>(sn);
     const V y1 = simd::fma(x1, c, negate_if<!kInverse>(x2 * s));
     const V y2 = simd::fma(x2, c, negate_if<kInverse>(x1 * s));
-    simd::store_float<A>(x1p, y1);
-    simd::store_float<A>(x2p, y2);
+    simd::store_float<A>(y1p, y1);
+    simd::store_float<A>(y2p, y2);
 }
 
-template <class A, bool kInverse = false, class T>
-ATTNKIT_ALWAYS_INLINE void rotate_half_head(T* x, const float* row, index_t R) noexcept {
+template <class A, bool kInverse = false, class S, class T>
+ATTNKIT_ALWAYS_INLINE void rotate_half_head(const S* x, T* y, const float* row, index_t R) noexcept {
     constexpr index_t W = simd::kLanes<A>;
     const index_t half = R / 2;
     const float* cs = row;
     const float* sn = row + half;
     index_t c = 0;
-    for (; c + W <= half; c += W) rotate_half_step<A, kInverse>(x + c, x + half + c, cs + c, sn + c);
+    for (; c + W <= half; c += W) rotate_half_step<A, kInverse>(x + c, x + half + c, y + c, y + half + c, cs + c, sn + c);
     if (c < half) {
         const index_t n = half - c;
+        S a1[W], a2[W];
         T b1[W], b2[W];
         float bc[W] = {}, bs[W] = {};
-        for (index_t i = 0; i < W; ++i) b1[i] = b2[i] = T(0.0f);
-        for (index_t i = 0; i < n; ++i) b1[i] = x[c + i], b2[i] = x[half + c + i], bc[i] = cs[c + i], bs[i] = sn[c + i];
-        rotate_half_step<A, kInverse>(b1, b2, bc, bs);
-        for (index_t i = 0; i < n; ++i) x[c + i] = b1[i], x[half + c + i] = b2[i];
+        for (index_t i = 0; i < W; ++i) a1[i] = a2[i] = S(0.0f);
+        for (index_t i = 0; i < n; ++i) a1[i] = x[c + i], a2[i] = x[half + c + i], bc[i] = cs[c + i], bs[i] = sn[c + i];
+        rotate_half_step<A, kInverse>(a1, a2, b1, b2, bc, bs);
+        for (index_t i = 0; i < n; ++i) y[c + i] = b1[i], y[half + c + i] = b2[i];
     }
 }
 
-template <class A, bool kInverse = false, class T>
-ATTNKIT_ALWAYS_INLINE void interleaved_step(T* x, const float* C, const float* S) noexcept {
+template <class A, bool kInverse = false, class S, class T>
+ATTNKIT_ALWAYS_INLINE void interleaved_step(const S* x, T* y, const float* co, const float* si) noexcept {
     using V = simd::vfloat<A>;
     const V v = simd::load_float<A>(x);
-    const V p = simd::swap_pairs(v) * simd::loadu<A>(S);
-    simd::store_float<A>(x, simd::fma(v, simd::loadu<A>(C), negate_if<kInverse>(p)));
+    const V p = simd::swap_pairs(v) * simd::loadu<A>(si);
+    simd::store_float<A>(y, simd::fma(v, simd::loadu<A>(co), negate_if<kInverse>(p)));
 }
 
-// Interleaved on x[0, R): W elements (W/2 pairs) per step, the last R mod W (even: pairs never
-// split) on a padded copy as above. One lane (simd::scalar_arch) has no pair to swap: pairs of
-// scalars, with the same fma.
-template <class A, bool kInverse = false, class T>
-ATTNKIT_ALWAYS_INLINE void interleaved_head(T* x, const float* row, index_t R) noexcept {
+// Interleaved of x[0, R) into y[0, R): W elements (W/2 pairs) per step, the last R mod W (even:
+// pairs never split) on padded copies as above. One lane (simd::scalar_arch) has no pair to
+// swap: pairs of scalars, with the same fma.
+template <class A, bool kInverse = false, class S, class T>
+ATTNKIT_ALWAYS_INLINE void interleaved_head(const S* x, T* y, const float* row, index_t R) noexcept {
     constexpr index_t W = simd::kLanes<A>;
     const float* C = row;
-    const float* S = row + R;
+    const float* Sn = row + R;
     if constexpr (W >= 2) {
         index_t i = 0;
-        for (; i + W <= R; i += W) interleaved_step<A, kInverse>(x + i, C + i, S + i);
+        for (; i + W <= R; i += W) interleaved_step<A, kInverse>(x + i, y + i, C + i, Sn + i);
         if (i < R) {
             const index_t n = R - i;
+            S a[W];
             T b[W];
             float bc[W] = {}, bs[W] = {};
-            for (index_t k = 0; k < W; ++k) b[k] = T(0.0f);
-            for (index_t k = 0; k < n; ++k) b[k] = x[i + k], bc[k] = C[i + k], bs[k] = S[i + k];
-            interleaved_step<A, kInverse>(b, bc, bs);
-            for (index_t k = 0; k < n; ++k) x[i + k] = b[k];
+            for (index_t k = 0; k < W; ++k) a[k] = S(0.0f);
+            for (index_t k = 0; k < n; ++k) a[k] = x[i + k], bc[k] = C[i + k], bs[k] = Sn[i + k];
+            interleaved_step<A, kInverse>(a, b, bc, bs);
+            for (index_t k = 0; k < n; ++k) y[i + k] = b[k];
         }
     } else {
         using V = simd::scalar_float;
         for (index_t i = 0; i < R; i += 2) {
             const V x0 = simd::to_float(x[i]), x1 = simd::to_float(x[i + 1]);
-            simd::store_float<A>(x + i, simd::fma(x0, V(C[i]), negate_if<kInverse>(x1 * V(S[i]))));
-            simd::store_float<A>(x + i + 1, simd::fma(x1, V(C[i + 1]), negate_if<kInverse>(x0 * V(S[i + 1]))));
+            simd::store_float<A>(y + i, simd::fma(x0, V(C[i]), negate_if<kInverse>(x1 * V(Sn[i]))));
+            simd::store_float<A>(y + i + 1, simd::fma(x1, V(C[i + 1]), negate_if<kInverse>(x0 * V(Sn[i + 1]))));
         }
     }
+}
+
+// One head: the form's rotation of x[0, R) into y[0, R) by a table row, and x[R, D) (the part
+// past a partial rotary dim) copied through, converted to y's type.
+template <class A, bool kInverse = false, class S, class T>
+ATTNKIT_ALWAYS_INLINE void rope_head(const S* x, T* y, const float* row, index_t R, index_t D, bool interleaved) noexcept {
+    if (interleaved)
+        interleaved_head<A, kInverse>(x, y, row, R);
+    else
+        rotate_half_head<A, kInverse>(x, y, row, R);
+    if (static_cast<const void*>(x) == static_cast<const void*>(y)) return;
+    for (index_t c = R; c < D; ++c) y[c] = T(simd::to_float(x[c]));
 }
 
 }  // namespace rope
