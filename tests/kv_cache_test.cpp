@@ -270,6 +270,25 @@ TEST(kv_cache, partial_rope_on_append_float) { rope_on_append<float>(partial_lla
 TEST(kv_cache, partial_rope_on_append_bfloat16) { rope_on_append<Eigen::bfloat16>(partial_llama3_rope()); }
 TEST(kv_cache, partial_rope_on_append_int8) { rope_on_append<std::int8_t>(partial_llama3_rope()); }
 
+// A prefill chunk long enough for the pool (Tq Hk D >= 65536 elements: 1500 tokens here) splits
+// its tokens over three threads: the same rows as the serial reference, bit for bit.
+template <class T>
+void rope_on_long_append() {
+    kv_cache<T> cache(small_config(32));
+    dense_model<T> m;
+    attnkit::thread_pool pool(3);
+    attnkit::model::rope_options ro = partial_llama3_rope();
+    ro.pool = &pool;
+    const index_t a = cache.add_sequence(), b = cache.add_sequence();
+    const kv_step st = cache.begin_step({a, b}, {1500, 9});
+    append_step(cache, m, st, 11, &ro);
+    EXPECT_TRUE(same_contents(cache, m));
+}
+
+TEST(kv_cache, rope_on_long_append_float) { rope_on_long_append<float>(); }
+TEST(kv_cache, rope_on_long_append_bfloat16) { rope_on_long_append<Eigen::bfloat16>(); }
+TEST(kv_cache, rope_on_long_append_int8) { rope_on_long_append<std::int8_t>(); }
+
 // k_new in the cache's own 16-bit type: rotated from those values in float and rounded once,
 // as model::rope does to a 16-bit tensor in place.
 template <class T>

@@ -28,7 +28,9 @@
 // as attnkit::quantize_kv does (int8_kv.hpp: values and one float scale, after RoPE), scales in
 // pages of their own beside the values'. The kernels read the pages as stored and convert in
 // their loads. An int8 cache takes float rows only, and refuses a row that is not finite (int8
-// cannot hold it) before writing anything.
+// cannot hold it) before writing anything. With RoPE, K goes from k_new to its page rotated in
+// one pass, on the RoPE options' pool when the step is as large as model::rope would thread (a
+// prefill chunk); the rows are the same for any thread count.
 //
 // Errors (std::invalid_argument naming the argument, and the cache left unchanged): a config out
 // of range (page_rows not a multiple of 64, sizes that overflow); an unknown or released
@@ -82,6 +84,8 @@ struct kv_step {
 template <class T = float>
 class kv_cache {
     static constexpr bool kInt8 = std::is_same<T, std::int8_t>::value;
+    // Tokens per task of append's row loop when it runs on the pool.
+    static constexpr index_t kAppendGrain = 16;
     static_assert(simd::kIsStorageType<T> || kInt8,
                   "attnkit::kv_cache: storage is float, Eigen::bfloat16, Eigen::half or std::int8_t");
 
@@ -348,12 +352,16 @@ private:
         std::optional<model::detail::rope_rows> rot;
         if (rope)
             rot.emplace(view<const KT, 4>(kn.data, {1, Tq, Hk, cfg_.dim}), step.positions.data(), *rope, "k_new");
+        thread_pool* pool =
+            rope && Tq * Hk * cfg_.dim >= model::detail::kRopeSerialElements ? rope->pool : nullptr;
         if constexpr (kInt8) {
             if (rot) {
                 rotated_.resize(static_cast<std::size_t>(Tq * Hk * cfg_.dim));
-                for (index_t t = 0; t < Tq; ++t)
-                    for (index_t h = 0; h < Hk; ++h)
-                        rot->rotate(t, kn.ptr(t, h), rotated_.data() + (t * Hk + h) * cfg_.dim);
+                parallel_for(pool, 0, Tq, kAppendGrain, [&](std::int64_t t0, std::int64_t t1) {
+                    for (index_t t = t0; t < t1; ++t)
+                        for (index_t h = 0; h < Hk; ++h)
+                            rot->rotate(t, kn.ptr(t, h), rotated_.data() + (t * Hk + h) * cfg_.dim);
+                });
             }
         }
         // Row (t, h) of K as it is to be quantised (int8 caches: float rows only).
@@ -381,36 +389,41 @@ private:
         }
         T* K = k_[li].data();
         T* V = v_[li].data();
-        std::size_t t = 0;
-        for (std::size_t i = 0; i < step.seqs.size(); ++i) {
+        std::vector<index_t>& slots = slots_;
+        slots.resize(static_cast<std::size_t>(Tq));
+        for (std::size_t i = 0, t = 0; i < step.seqs.size(); ++i) {
             const auto& pages = seqs_[static_cast<std::size_t>(step.seqs[i])].pages;
             const index_t n = step.kv.cu_seqlens_q[i + 1] - step.kv.cu_seqlens_q[i];
             for (index_t j = 0; j < n; ++j, ++t) {
                 const index_t pos = step.positions[t];
-                const index_t slot =
-                    static_cast<index_t>(pages[static_cast<std::size_t>(pos / cfg_.page_rows)]) *
-                        cfg_.page_rows +
-                    pos % cfg_.page_rows;
+                slots[t] = static_cast<index_t>(pages[static_cast<std::size_t>(pos / cfg_.page_rows)]) * cfg_.page_rows +
+                           pos % cfg_.page_rows;
+            }
+        }
+        // Every token's rows go to their own slot, so tokens split over threads freely; a step
+        // large enough for model::rope to use the pool (a prefill chunk) uses it here too.
+        parallel_for(pool, 0, Tq, kAppendGrain, [&](std::int64_t t0, std::int64_t t1) {
+            for (index_t t = t0; t < t1; ++t) {
+                const index_t slot = slots[static_cast<std::size_t>(t)];
                 for (index_t h = 0; h < Hk; ++h) {
                     T* kd = K + (slot * Hk + h) * cfg_.dim;
+                    T* vd = V + (slot * Hk + h) * cfg_.dim_v;
                     if constexpr (kInt8) {
-                        const std::size_t at = static_cast<std::size_t>(static_cast<index_t>(t) * Hk + h);
+                        const std::size_t at = static_cast<std::size_t>(t * Hk + h);
                         ks_[li][static_cast<std::size_t>(slot * Hk + h)] =
-                            detail::quantize_row(k_row_at(static_cast<index_t>(t), h), cfg_.dim, amax_[2 * at], kd);
+                            detail::quantize_row(k_row_at(t, h), cfg_.dim, amax_[2 * at], kd);
                         vs_[li][static_cast<std::size_t>(slot * Hk + h)] =
-                            detail::quantize_row(vn.ptr(static_cast<index_t>(t), h), cfg_.dim_v, amax_[2 * at + 1],
-                                                 V + (slot * Hk + h) * cfg_.dim_v);
+                            detail::quantize_row(vn.ptr(t, h), cfg_.dim_v, amax_[2 * at + 1], vd);
                     } else {
                         if (rot)
-                            rot->rotate(static_cast<index_t>(t), kn.ptr(static_cast<index_t>(t), h), kd);
+                            rot->rotate(t, kn.ptr(t, h), kd);
                         else
-                            store_row(kn.ptr(static_cast<index_t>(t), h), kd, cfg_.dim);
-                        store_row(vn.ptr(static_cast<index_t>(t), h), V + (slot * Hk + h) * cfg_.dim_v,
-                                  cfg_.dim_v);
+                            store_row(kn.ptr(t, h), kd, cfg_.dim);
+                        store_row(vn.ptr(t, h), vd, cfg_.dim_v);
                     }
                 }
             }
-        }
+        });
     }
 
     template <class S>
@@ -436,6 +449,7 @@ private:
     std::vector<std::int32_t> free_;  // a stack: the most recently freed page is reused first
     std::vector<seq> seqs_;
     std::vector<float> rotated_;  // int8 with RoPE: the rotated K rows, quantised from there
+    std::vector<index_t> slots_;  // append: each new token's page row
     std::uint64_t serial_ = 0;
 };
 
