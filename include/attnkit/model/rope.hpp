@@ -186,8 +186,8 @@ constexpr index_t kRopeSerialElements = index_t(1) << 16;
 constexpr index_t kRopeSerialAngles = index_t(1) << 13;
 
 // The cos / sin table of a call: one row per distinct position, `stride` floats apart from
-// `rows` (from o.cache when it holds them; `table` keeps them alive). `elements`: how many the
-// call rotates, which decides whether the table is built on the pool.
+// `rows` (from o.cache when it holds them; `table` keeps them alive). Built on o.pool when it
+// has enough angles (kRopeSerialAngles).
 struct rope_table {
     std::shared_ptr<const std::vector<float>> table;
     const float* rows = nullptr;
