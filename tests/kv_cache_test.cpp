@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attnkit/reference/model/rope.hpp"
 #include "attnkit/reference/varlen_attention.hpp"
 #include "common/compare.hpp"
 #include "common/errors.hpp"
@@ -308,6 +309,11 @@ void rope_on_append_from_storage_type() {
     }
     const attnkit::model::rope_options ro = partial_llama3_rope();
     cache.append(0, st, kt, vn, ro);
+    // Independently of the kernels: the oracle's rotation in double, which the stored rows meet
+    // to within T's rounding (half an ulp, relative) and float's arithmetic.
+    Eigen::Tensor<double, 4, Eigen::RowMajor> want(1, Tq, kHk, kD);
+    attnkit::reference::model::rope(attnkit::view<const float, 4>(kf.data(), {1, Tq, kHk, kD}), want,
+                                    st.positions_tensor(), ro);
     attnkit::model::rope(attnkit::view<float, 4>(kf.data(), {1, Tq, kHk, kD}), st.positions_tensor(), ro);
     for (index_t t = 0; t < Tq; ++t) {
         std::vector<double> kr, vr;
@@ -319,6 +325,13 @@ void rope_on_append_from_storage_type() {
         m.v[0][a].push_back(vr);
     }
     EXPECT_TRUE(same_contents(cache, m));
+    const double half_ulp = std::is_same<T, Eigen::bfloat16>::value ? 0x1p-8 : 0x1p-11;
+    for (index_t t = 0; t < Tq; ++t)  // the model's rows, which the cache holds bit for bit
+        for (index_t h = 0; h < kHk; ++h)
+            for (index_t d = 0; d < kD; ++d) {
+                const double w = want(0, t, h, d), got = m.k[0][a][static_cast<std::size_t>(t)][h * kD + d];
+                ASSERT_LE(std::fabs(got - w), half_ulp * std::fabs(w) + 1e-6) << t << " " << h << " " << d;
+            }
 }
 
 TEST(kv_cache, rope_on_append_from_bfloat16) { rope_on_append_from_storage_type<Eigen::bfloat16>(); }

@@ -389,14 +389,13 @@ private:
         }
         T* K = k_[li].data();
         T* V = v_[li].data();
-        std::vector<index_t>& slots = slots_;
-        slots.resize(static_cast<std::size_t>(Tq));
+        slots_.resize(static_cast<std::size_t>(Tq));
         for (std::size_t i = 0, t = 0; i < step.seqs.size(); ++i) {
             const auto& pages = seqs_[static_cast<std::size_t>(step.seqs[i])].pages;
             const index_t n = step.kv.cu_seqlens_q[i + 1] - step.kv.cu_seqlens_q[i];
             for (index_t j = 0; j < n; ++j, ++t) {
                 const index_t pos = step.positions[t];
-                slots[t] = static_cast<index_t>(pages[static_cast<std::size_t>(pos / cfg_.page_rows)]) * cfg_.page_rows +
+                slots_[t] = static_cast<index_t>(pages[static_cast<std::size_t>(pos / cfg_.page_rows)]) * cfg_.page_rows +
                            pos % cfg_.page_rows;
             }
         }
@@ -404,7 +403,7 @@ private:
         // large enough for model::rope to use the pool (a prefill chunk) uses it here too.
         parallel_for(pool, 0, Tq, kAppendGrain, [&](std::int64_t t0, std::int64_t t1) {
             for (index_t t = t0; t < t1; ++t) {
-                const index_t slot = slots[static_cast<std::size_t>(t)];
+                const index_t slot = slots_[static_cast<std::size_t>(t)];
                 for (index_t h = 0; h < Hk; ++h) {
                     T* kd = K + (slot * Hk + h) * cfg_.dim;
                     T* vd = V + (slot * Hk + h) * cfg_.dim_v;

@@ -185,6 +185,13 @@ auto table_start(V& t) {
 constexpr index_t kRopeSerialElements = index_t(1) << 16;
 constexpr index_t kRopeSerialAngles = index_t(1) << 13;
 
+// A call with a positions tensor takes every row's position from it: o.position_offset must be 0.
+inline void check_no_offset(const rope_options& o) {
+    if (o.position_offset != 0)
+        attnkit::detail::fail("opts.position_offset: expected 0 with a positions tensor (positions give every row's "
+                              "position), got " + std::to_string(o.position_offset));
+}
+
 // The cos / sin table of a call: one row per distinct position, `stride` floats apart from
 // `rows` (from o.cache when it holds them; `table` keeps them alive). Built on o.pool when it
 // has enough angles (kRopeSerialAngles).
@@ -260,26 +267,20 @@ void rope_apply(const view<T, 4>& x, index_t R, const rope_options& o, const std
 
 // The rotation of the rows of n tokens at positions[0, n) (H heads of D elements each), from
 // rows elsewhere into rows of the destination (kv_cache's append: k_new into the cache's pages,
-// rotated in float and rounded once to the storage type). Made first, it checks the options and
-// positions as model::rope(x, positions, o) would for an x of [1, n, H, D] named `name`, so the
-// caller can refuse before writing anything; then rotate(t, x, y) writes one head's row of token
-// t: the form's rotation of x[0, R) and x[R, D) copied, with model::rope's arithmetic.
+// rotated in float and rounded once to the storage type). Made first, it checks the options as
+// model::rope(x, positions, o) would for an x of [1, n, H, D] named `name`, so the caller can
+// refuse before writing anything; then rotate(t, x, y) writes one head's row of token t: the
+// form's rotation of x[0, R) and x[R, D) copied, with model::rope's arithmetic. The positions
+// are the caller's own (a cache's token positions, never negative), not user input.
 class rope_rows {
 public:
     template <class S>
     rope_rows(const view<const S, 4>& shape, const std::int64_t* positions, const rope_options& o, const char* name)
         : R_(check_rope_options(o, shape, name)), D_(shape.dims[3]) {
-        if (o.position_offset != 0)
-            attnkit::detail::fail("opts.position_offset: expected 0 with a positions tensor (positions give every "
-                                  "row's position), got " + std::to_string(o.position_offset));
+        check_no_offset(o);
         const index_t n = shape.dims[1];
-        std::vector<std::int64_t> all(positions, positions + n);
-        for (index_t t = 0; t < n; ++t)
-            if (all[static_cast<std::size_t>(t)] < 0)
-                attnkit::detail::fail("positions: expected >= 0, got " + std::to_string(all[static_cast<std::size_t>(t)]) +
-                                      " at token " + std::to_string(t));
         if (n == 0 || R_ == 0) return;
-        table_ = make_rope_table(R_, o, distinct_positions(all, row_));
+        table_ = make_rope_table(R_, o, distinct_positions(std::vector<std::int64_t>(positions, positions + n), row_));
     }
 
     template <class S, class T>
@@ -340,9 +341,7 @@ void rope_at_positions(const view<T, 4>& x, const P& positions_in, const rope_op
                   "attnkit::model::rope: positions must be int64 or int32");
     const index_t B = x.dims[0], L = x.dims[1], H = x.dims[2];
     const index_t R = check_rope_options(o, x, name);
-    if (o.position_offset != 0)
-        attnkit::detail::fail("opts.position_offset: expected 0 with a positions tensor (positions give every row's "
-                              "position), got " + std::to_string(o.position_offset));
+    check_no_offset(o);
     attnkit::detail::check_extent("positions", pos);
     if (pos.dims[0] != B || pos.dims[1] != L)
         attnkit::detail::fail("positions: expected shape [B, L] = [" + std::to_string(B) + ", " + std::to_string(L) +
