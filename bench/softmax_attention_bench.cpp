@@ -12,8 +12,8 @@
 // Shapes: prefill B=1, H=8, L in {256..4096}, D in {64, 128}, causal 0/1; GQA H=32/Hk=8, D=128,
 // L=2048; decode Lq=1, Lk in {4096, 16384, 65536}, D in {64, 128}, H=8 and GQA 32/8, K/V float,
 // bfloat16 ("kv:bf16/"), half ("kv:f16/") and int8 with row scales ("kv:i8/", attnkit::int8_kv:
-// GB/s counts the scales); batched decode B=4 with key_lengths of four
-// different lengths ("kl:mixed"); prefill L=2048, D=128 causal with bfloat16 K/V; all with
+// GB/s counts the scales), token-major and head-major ("layout:head_major/"); batched decode
+// B=4 with key_lengths of four different lengths ("kl:mixed"); prefill L=2048, D=128 causal with bfloat16 K/V; all with
 // threads 1 and 2.
 //
 // Options beyond Google Benchmark's own flags (flags given on the command line win):
@@ -104,17 +104,20 @@ std::vector<attn_case> softmax_cases() {
                 for (int t : kThreadCounts) cases.push_back(prefill_case(L, D, 8, 8, causal, t));
     for (bool causal : {false, true})
         for (int t : kThreadCounts) cases.push_back(prefill_case(2048, 128, 32, 8, causal, t));
-    // Decode (issue 6): K/V streamed once, GB/s and bw_frac against the read probe of the run;
-    // float, bfloat16 and half K/V; MHA H = 8 and GQA 32/8.
+    // Decode: K/V streamed once, GB/s and bw_frac against the read probe of the run; float,
+    // bfloat16, half and int8 K/V; MHA H = 8 and GQA 32/8; K/V token-major ([B, L, Hk, D], as
+    // llama.cpp's cache) and head-major ([B, Hk, L, D] views, as PyTorch's and Hugging Face's).
     for (kv_storage st : {kv_storage::f32, kv_storage::bf16, kv_storage::f16, kv_storage::i8})
         for (std::int64_t Lk : {4096, 16384, 65536})
             for (std::int64_t D : {64, 128})
                 for (std::int64_t H : {8, 32})
-                    for (int t : kThreadCounts) {
-                        attn_case c = decode_case(Lk, D, H, 8, t);
-                        c.kv = st;
-                        cases.push_back(c);
-                    }
+                    for (bool head_major : {false, true})
+                        for (int t : kThreadCounts) {
+                            attn_case c = decode_case(Lk, D, H, 8, t);
+                            c.kv = st;
+                            c.head_major = head_major;
+                            cases.push_back(c);
+                        }
     // Batched decode with padding: B = 4 caches of different lengths in one [4, Lk] tensor.
     for (kv_storage st : {kv_storage::f32, kv_storage::bf16, kv_storage::f16})
         for (int t : kThreadCounts) {

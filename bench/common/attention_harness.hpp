@@ -16,10 +16,14 @@
 //     <family>/decode/Lk:4096/D:128/H:8/threads:1            Lq = 1 against a KV cache
 //     <family>/kv:bf16/decode/B:4/kl:mixed/Lk:16384/...       bfloat16 (kv:f16: half) K/V, and
 //                                                             key_lengths of different lengths
+//     <family>/decode/layout:head_major/Lk:16384/...          K/V in [B, Hk, L, D] memory, as
+//                                                             PyTorch and Hugging Face caches
+//                                                             hold them, passed as strided views
 //
 // 16-bit K/V cases run only families added with add_typed_family (a generic callable); their
 // float copies of K/V hold the same rounded values, so the output check is unchanged, and GB/s
-// counts the bytes actually stored (2 per element).
+// counts the bytes actually stored (2 per element). Head-major cases run only those families
+// too: the callable gets attnkit::view K/V (int8: an attnkit::int8_kv of views).
 //
 // Adding a family is one line:
 //
@@ -106,6 +110,9 @@ struct attn_case {
     int threads = 1;
     kv_storage kv = kv_storage::f32;         // "kv:bf16" / "kv:f16" in the name when not float
     std::vector<std::int64_t> key_lengths;  // batched decode with padding: "kl:mixed" in the name
+    // Decode with K/V in head-major memory ([B, Hk, L, D], each head's keys contiguous) seen as
+    // [B, L, Hk, D] through strides: "layout:head_major" in the name.
+    bool head_major = false;
 
     attnkit::softmax_options options() const {
         attnkit::softmax_options o;
@@ -123,6 +130,7 @@ struct attn_case {
             s << "decode/";
             if (dims.B != 1) s << "B:" << dims.B << '/';
             if (!key_lengths.empty()) s << "kl:mixed/";
+            if (head_major) s << "layout:head_major/";
             if (dims.Lq != 1) s << "Lq:" << dims.Lq << '/';
             s << "Lk:" << dims.Lk;
         } else {
@@ -172,6 +180,28 @@ struct family_options {
     double tolerance = 2e-3;
 };
 
+// One copy of a head-major case's K and V as stored: [B, Hk, Lk, D] values (int8: and
+// [B, Hk, Lk] scales), seen by head_major_view as the [B, Lk, Hk, D] attention takes.
+struct head_major_kv {
+    kv_storage storage = kv_storage::f32;
+    attn_dims dims;
+    const void* k = nullptr;
+    const void* v = nullptr;
+    const float* k_scales = nullptr;  // int8 only
+    const float* v_scales = nullptr;
+};
+using attention_fn_head_major =
+    std::function<void(const tensor4& q, const head_major_kv& kv, tensor4& out, const attnkit::softmax_options& opts)>;
+
+template <class T>
+attnkit::view<const T, 4> head_major_view(const void* p, const attn_dims& d, std::int64_t dim) {
+    return attnkit::view<const T, 4>(static_cast<const T*>(p), {d.B, d.Lk, d.Hk, dim},
+                                     {d.Hk * d.Lk * dim, dim, d.Lk * dim, 1});
+}
+inline attnkit::view<const float, 3> head_major_scales(const float* p, const attn_dims& d) {
+    return attnkit::view<const float, 3>(p, {d.B, d.Lk, d.Hk}, {d.Hk * d.Lk, 1, d.Lk});
+}
+
 struct family {
     std::string name;
     attention_fn fn;
@@ -179,9 +209,11 @@ struct family {
     attention_fn_bf16 fn_bf16;  // empty: the family skips bf16 cases
     attention_fn_f16 fn_f16;    // empty: the family skips f16 cases
     attention_fn_i8 fn_i8;      // empty: the family skips int8 cases
+    attention_fn_head_major fn_head_major;  // empty: the family skips head-major cases
 
-    bool runs(kv_storage st) const {
-        switch (st) {
+    bool runs(const attn_case& c) const {
+        if (c.head_major && !fn_head_major) return false;
+        switch (c.kv) {
             case kv_storage::f32: return static_cast<bool>(fn);
             case kv_storage::bf16: return static_cast<bool>(fn_bf16);
             case kv_storage::f16: return static_cast<bool>(fn_f16);
@@ -197,7 +229,7 @@ inline std::vector<family>& families() {
 }
 
 inline void add_family(std::string name, attention_fn fn, family_options options = {}) {
-    families().push_back(family{std::move(name), std::move(fn), std::move(options), {}, {}, {}});
+    families().push_back(family{std::move(name), std::move(fn), std::move(options), {}, {}, {}, {}});
 }
 
 // A family that also takes bfloat16 / half K/V: f is a generic callable (auto& arguments);
@@ -206,8 +238,31 @@ template <bool kInt8 = false, class F>
 void add_typed_family(std::string name, F f, family_options options = {}) {
     attention_fn_i8 fi8;
     if constexpr (kInt8) fi8 = attention_fn_i8(f);
+    attention_fn_head_major fhm = [f](const tensor4& q, const head_major_kv& kv, tensor4& out,
+                                      const attnkit::softmax_options& opts) {
+        auto run = [&](auto tag) {
+            using T = decltype(tag);
+            const auto k = head_major_view<T>(kv.k, kv.dims, kv.dims.D);
+            const auto v = head_major_view<T>(kv.v, kv.dims, kv.dims.Dv);
+            f(q, k, v, out, opts);
+        };
+        switch (kv.storage) {
+            case kv_storage::f32: run(float{}); break;
+            case kv_storage::bf16: run(Eigen::bfloat16{}); break;
+            case kv_storage::f16: run(Eigen::half{}); break;
+            case kv_storage::i8:
+                if constexpr (kInt8) {
+                    const attnkit::int8_kv k(head_major_view<std::int8_t>(kv.k, kv.dims, kv.dims.D),
+                                             head_major_scales(kv.k_scales, kv.dims));
+                    const attnkit::int8_kv v(head_major_view<std::int8_t>(kv.v, kv.dims, kv.dims.Dv),
+                                             head_major_scales(kv.v_scales, kv.dims));
+                    f(q, k, v, out, opts);
+                }
+                break;
+        }
+    };
     families().push_back(family{std::move(name), attention_fn(f), std::move(options), attention_fn_bf16(f),
-                                attention_fn_f16(f), std::move(fi8)});
+                                attention_fn_f16(f), std::move(fi8), std::move(fhm)});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -267,6 +322,7 @@ inline tensor4 random_tensor(std::int64_t d0, std::int64_t d1, std::int64_t d2, 
 struct attn_inputs {
     attn_dims dims;
     bool decode = false;
+    bool head_major = false;
     kv_storage kv = kv_storage::f32;
     tensor4 q, out;
     std::vector<tensor4> k, v;  // identical copies; the harness cycles through them
@@ -278,13 +334,43 @@ struct attn_inputs {
     // dequantised values in float (for the output check), one copy.
     std::vector<tensor4_i8> ki, vi;
     std::vector<tensor3> ks, vs;
+    // Head-major float cases: the copies in [B, Hk, L, D] memory (k and v above: one token-major
+    // copy for the output check). Head-major 16-bit and int8 cases hold kb ... vs in that order.
+    std::vector<tensor4> k_hm, v_hm;
     std::size_t copies() const {
         return kv == kv_storage::bf16 ? kb.size()
                : kv == kv_storage::f16 ? kh.size()
                : kv == kv_storage::i8  ? ki.size()
+               : head_major            ? k_hm.size()
                                        : k.size();
     }
+    head_major_kv head_major_copy(std::size_t i) const {
+        head_major_kv c;
+        c.storage = kv;
+        c.dims = dims;
+        switch (kv) {
+            case kv_storage::f32: c.k = k_hm[i].data(), c.v = v_hm[i].data(); break;
+            case kv_storage::bf16: c.k = kb[i].data(), c.v = vb[i].data(); break;
+            case kv_storage::f16: c.k = kh[i].data(), c.v = vh[i].data(); break;
+            case kv_storage::i8:
+                c.k = ki[i].data(), c.v = vi[i].data();
+                c.k_scales = ks[i].data(), c.v_scales = vs[i].data();
+                break;
+        }
+        return c;
+    }
 };
+
+// x [B, L, Hk, D] (or scales [B, L, Hk]) laid out as [B, Hk, L, D] ([B, Hk, L]).
+template <class T>
+Eigen::Tensor<T, 4, Eigen::RowMajor> head_major_copy_of(const Eigen::Tensor<T, 4, Eigen::RowMajor>& x) {
+    return x.shuffle(Eigen::array<int, 4>{{0, 2, 1, 3}});
+}
+inline tensor3 head_major_copy_of(const tensor3& x) { return x.shuffle(Eigen::array<int, 3>{{0, 2, 1}}); }
+template <class T>
+void to_head_major(std::vector<T>& copies) {
+    for (T& x : copies) x = head_major_copy_of(x);
+}
 
 template <class T>
 Eigen::Tensor<T, 4, Eigen::RowMajor> stored_as(const tensor4& x) {
@@ -311,7 +397,8 @@ inline attn_inputs& inputs_for(const attn_case& c) {
     static bool valid = false;
     const attn_dims& d = c.dims;
     const attn_dims& o = cur.dims;
-    const bool same = valid && cur.decode == c.decode && cur.kv == c.kv && o.B == d.B && o.Lq == d.Lq &&
+    const bool same = valid && cur.decode == c.decode && cur.head_major == c.head_major && cur.kv == c.kv &&
+                      o.B == d.B && o.Lq == d.Lq &&
                       o.Lk == d.Lk && o.H == d.H && o.Hk == d.Hk && o.D == d.D && o.Dv == d.Dv;
     if (same) return cur;
     release_stream_buffer();
@@ -319,6 +406,7 @@ inline attn_inputs& inputs_for(const attn_case& c) {
     valid = false;
     cur.dims = d;
     cur.decode = c.decode;
+    cur.head_major = c.head_major;
     cur.kv = c.kv;
     const std::uint64_t seed = dims_seed(d);
     cur.q = random_tensor(d.B, d.Lq, d.H, d.D, seed + 1);
@@ -353,11 +441,18 @@ inline attn_inputs& inputs_for(const attn_case& c) {
         };
         quantise(cur.k[0], cur.ki, cur.ks);
         quantise(cur.v[0], cur.vi, cur.vs);
+    } else if (c.head_major) {
+        cur.k_hm.assign(static_cast<std::size_t>(copies), head_major_copy_of(cur.k[0]));
+        cur.v_hm.assign(static_cast<std::size_t>(copies), head_major_copy_of(cur.v[0]));
     } else {
         for (int i = 1; i < copies; ++i) {
             cur.k.push_back(cur.k[0]);
             cur.v.push_back(cur.v[0]);
         }
+    }
+    if (c.head_major) {
+        to_head_major(cur.kb), to_head_major(cur.vb), to_head_major(cur.kh), to_head_major(cur.vh);
+        to_head_major(cur.ki), to_head_major(cur.vi), to_head_major(cur.ks), to_head_major(cur.vs);
     }
     cur.out = tensor4(d.B, d.Lq, d.H, d.Dv);
     valid = true;
@@ -444,7 +539,9 @@ inline void run_attention(benchmark::State& state, const family& f, const attn_c
     const auto t0 = clock_type::now();
     for (auto _ : state) {
         try {
-            if (c.kv == kv_storage::bf16)
+            if (c.head_major)
+                f.fn_head_major(in.q, in.head_major_copy(slot), in.out, opts);
+            else if (c.kv == kv_storage::bf16)
                 f.fn_bf16(in.q, in.kb[slot], in.vb[slot], in.out, opts);
             else if (c.kv == kv_storage::f16)
                 f.fn_f16(in.q, in.kh[slot], in.vh[slot], in.out, opts);
@@ -506,7 +603,7 @@ inline void register_attention_benchmarks(const std::vector<attn_case>& cases) {
         for (std::size_t fi = 0; fi < families().size(); ++fi) {
             const family& f = families()[fi];
             if (f.options.applies && !f.options.applies(c)) continue;
-            if (!f.runs(c.kv)) continue;
+            if (!f.runs(c)) continue;
             const std::string name = f.name + "/" + c.name();
             auto* b = benchmark::RegisterBenchmark(name.c_str(), [fi, c](benchmark::State& st) {
                 run_attention(st, families()[fi], c);

@@ -10,6 +10,13 @@
 //    is set by how many pages it reads at once: consecutive keys keep few pages in flight (and
 //    read 16-bit pages out of order), eight streams keep eight. Software prefetch of those
 //    streams adds nothing: it competes for the same miss buffers;
+//  - where a tensor's heads lie further apart than its keys (head-major views, [B, Hk, L, D] as
+//    PyTorch and Hugging Face caches hold K and V), its walk runs head by head over the block
+//    instead of step by step: step by step, every step would touch eight rows of every head,
+//    8 x Hk pages at once, each read a row at a time over the whole block; head by head keeps
+//    one head's eight streams in flight and finishes its pages before the next head's.
+//    Each row still sees its keys in the same order, so the results are the same bits in both
+//    layouts (docs/benchmarks.md, section `detail/row_kernel.hpp`);
 //  - with one query row per key/value head (MHA) and 16-bit or int8 K/V, the score walk of a
 //    block hints the block's V lines to L2 and the value walk the next block's K lines, so that
 //    the one of K and V that is not being read is still being fetched (kPrefetchOther; AVX-512
@@ -80,6 +87,17 @@ inline index_t pair_pos(index_t c, index_t n) {
 template <class A, class KT, class VT>
 constexpr bool kPrefetchOther = simd::kLanes<A> >= 16 &&
                                 (!std::is_same<KT, float>::value || !std::is_same<VT, float>::value);
+
+// The i-th (step, head) pair of a walk over n_steps steps and n_heads heads: step-major, or
+// head-major when the tensor's heads lie further apart than its keys (the header). One loop
+// over i serves both orders, so the walk's body is compiled once.
+struct walk_order {
+    index_t n_steps, n_heads;
+    bool heads_outer;
+    index_t size() const { return n_steps * n_heads; }
+    index_t step(index_t i) const { return heads_outer ? i % n_steps : i / n_heads; }
+    index_t head(index_t i) const { return heads_outer ? i / n_steps : i % n_heads; }
+};
 
 // Hints the n_rows rows x + u * stride, u < n_rows, of `bytes` each to L2.
 template <class T>
@@ -397,8 +415,9 @@ inline void scale_block(const strided_rows_t<float>& scales, const row_block& rb
 // A block of nk keys is walked twice in the same order: first K for the scores, then, after the
 // policy has turned each row's scores into weights, V for the output. Step t takes the keys
 // t + u * (nk / KG), u < KG (KU for V), and within them runs head by head, so each of the KG
-// streams reads its rows front to back; the last nk % KG keys follow one at a time. Every line
-// of K and V is read once.
+// streams reads its rows front to back; the last nk % KG keys follow one at a time. Where a
+// tensor's heads lie further apart than its keys, its walk takes the steps of one head after
+// another instead (walk_order). Every line of K and V is read once.
 template <class A, class Policy, class Problem, class Emit>
 void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_t ks0, index_t ks1,
                 std::vector<float>& buf, Emit&& emit) {
@@ -472,23 +491,23 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
                 if (active(i)) return true;
             return false;
         };
-        for (index_t t = 0; t < sj; ++t) {
-            for (index_t h = 0; h < rb.n_hk; ++h) {
-                const KT* kr = kb + t * ksl + h * ksh;
-                if (hint) prefetch_rows_l2(vb + t * vsl + h * vsh, sj * vsl, KG, Dv * index_t(sizeof(VT)));
-                index_t r = h * RH;
-                const index_t r_end = r + RH;
-                if constexpr (kGroupRows<A, KT>) {
-                    for (; r + 4 <= r_end; r += 4)
-                        if (any_active(r, 4))
-                            score_keys_rows<A, KT, 4>(qs + r * Dp, Dp, kr, sj * ksl, D, sc + r * BK + t, sj, BK);
-                    for (; r + 2 <= r_end; r += 2)
-                        if (any_active(r, 2))
-                            score_keys_rows<A, KT, 2>(qs + r * Dp, Dp, kr, sj * ksl, D, sc + r * BK + t, sj, BK);
-                }
-                for (; r < r_end; ++r)
-                    if (active(r)) score_keys<A>(qs + r * Dp, kr, sj * ksl, D, sc + r * BK + t, sj);
+        const walk_order k_walk{sj, rb.n_hk, ksh > ksl};
+        for (index_t w = 0; w < k_walk.size(); ++w) {
+            const index_t t = k_walk.step(w), h = k_walk.head(w);
+            const KT* kr = kb + t * ksl + h * ksh;
+            if (hint) prefetch_rows_l2(vb + t * vsl + h * vsh, sj * vsl, KG, Dv * index_t(sizeof(VT)));
+            index_t r = h * RH;
+            const index_t r_end = r + RH;
+            if constexpr (kGroupRows<A, KT>) {
+                for (; r + 4 <= r_end; r += 4)
+                    if (any_active(r, 4))
+                        score_keys_rows<A, KT, 4>(qs + r * Dp, Dp, kr, sj * ksl, D, sc + r * BK + t, sj, BK);
+                for (; r + 2 <= r_end; r += 2)
+                    if (any_active(r, 2))
+                        score_keys_rows<A, KT, 2>(qs + r * Dp, Dp, kr, sj * ksl, D, sc + r * BK + t, sj, BK);
             }
+            for (; r < r_end; ++r)
+                if (active(r)) score_keys<A>(qs + r * Dp, kr, sj * ksl, D, sc + r * BK + t, sj);
         }
         for (index_t j = sj * KG; j < nk; ++j)
             for (index_t h = 0; h < rb.n_hk; ++h) {
@@ -512,7 +531,9 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         // are skipped rather than weighted by 0, so that a NaN or Inf in their value rows
         // (0 * Inf = NaN) stays out of it; a visible key always contributes, even at weight 0.
         const index_t sv = nk / KU;
-        for (index_t t = 0; t < sv; ++t) {
+        const walk_order v_walk{sv, rb.n_hk, vsh > vsl};
+        for (index_t w = 0; w < v_walk.size(); ++w) {
+            const index_t t = v_walk.step(w), h = v_walk.head(w);
             const index_t key = j0 + t, last = key + (KU - 1) * sv;
             auto sees_all = [&](index_t r) { return lo[r] <= key && hi[r] > last; };
             auto value_row = [&](index_t r, const VT* vr) {
@@ -531,19 +552,17 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
                     if (!sees_all(i)) return false;
                 return true;
             };
-            for (index_t h = 0; h < rb.n_hk; ++h) {
-                const VT* vr = vb + (key - j0) * vsl + h * vsh;
-                if (kn) prefetch_rows_l2(kn + t * ksl + h * ksh, sj * ksl, KG, D * index_t(sizeof(KT)));
-                index_t r = h * RH;
-                const index_t r_end = r + RH;
-                if constexpr (kGroupRows<A, VT>) {
-                    for (; r + 4 <= r_end && all_see(r, 4); r += 4)
-                        accumulate_keys_rows<A, VT, 4>(o + r * Dv, Dv, sc + r * BK + t, sv, BK, vr, sv * vsl, Dv);
-                    for (; r + 2 <= r_end && all_see(r, 2); r += 2)
-                        accumulate_keys_rows<A, VT, 2>(o + r * Dv, Dv, sc + r * BK + t, sv, BK, vr, sv * vsl, Dv);
-                }
-                for (; r < r_end; ++r) value_row(r, vr);
+            const VT* vr = vb + (key - j0) * vsl + h * vsh;
+            if (kn) prefetch_rows_l2(kn + t * ksl + h * ksh, sj * ksl, KG, D * index_t(sizeof(KT)));
+            index_t r = h * RH;
+            const index_t r_end = r + RH;
+            if constexpr (kGroupRows<A, VT>) {
+                for (; r + 4 <= r_end && all_see(r, 4); r += 4)
+                    accumulate_keys_rows<A, VT, 4>(o + r * Dv, Dv, sc + r * BK + t, sv, BK, vr, sv * vsl, Dv);
+                for (; r + 2 <= r_end && all_see(r, 2); r += 2)
+                    accumulate_keys_rows<A, VT, 2>(o + r * Dv, Dv, sc + r * BK + t, sv, BK, vr, sv * vsl, Dv);
             }
+            for (; r < r_end; ++r) value_row(r, vr);
         }
         for (index_t j = sv * KU; j < nk; ++j) {
             const index_t key = j0 + j;
