@@ -248,9 +248,12 @@ TEST(int8_kv_attention, matches_the_oracle_on_the_dequantised_values) {
     }
 }
 
+// Head-major rows longer than the row kernel's short rows (kShortRowBytes, 128 bytes) are walked
+// in the token-major key order, so the two layouts give the same bits; short ones (int8 D 64) are
+// read as one stream per head, another summation order, and agree to rounding.
 TEST(int8_kv_attention, head_major_views_give_the_token_major_result) {
-    const index_t B = 1, H = 8, Hk = 2, L = 777, D = 64;
-    for (index_t Lq : {1, 40}) {
+    const index_t B = 1, H = 8, Hk = 2, L = 777;
+    for (index_t D : {64, 256}) for (index_t Lq : {1, 40}) {
         const tensor4<float> q = attnkit_test::random_bshd(B, Lq, H, D, distribution::gaussian, 9);
         const quantised k = quantise(attnkit_test::random_bshd(B, L, Hk, D, distribution::gaussian, 10));
         const quantised v = quantise(attnkit_test::random_bshd(B, L, Hk, D, distribution::gaussian, 11));
@@ -276,8 +279,17 @@ TEST(int8_kv_attention, head_major_views_give_the_token_major_result) {
         const auto head_major = fast8(
             q, attnkit::int8_kv(attnkit::view<const std::int8_t, 4>(khv), attnkit::view<const float, 3>(kss)),
             attnkit::int8_kv(attnkit::view<const std::int8_t, 4>(vhv), attnkit::view<const float, 3>(vss)), o);
-        EXPECT_TRUE(attnkit_test::bitwise_equal(head_major.out, token_major.out)) << "Lq " << Lq;
-        EXPECT_TRUE(attnkit_test::bitwise_equal(head_major.lse, token_major.lse)) << "Lq " << Lq;
+        if (D > 128) {
+            EXPECT_TRUE(attnkit_test::bitwise_equal(head_major.out, token_major.out)) << "D " << D << " Lq " << Lq;
+            EXPECT_TRUE(attnkit_test::bitwise_equal(head_major.lse, token_major.lse)) << "D " << D << " Lq " << Lq;
+        } else {
+            EXPECT_TRUE(attnkit_test::all_close(head_major.out, token_major.out,
+                                                attnkit_test::out_tolerance(q, k.dequantised, v.dequantised, o)))
+                << "D " << D << " Lq " << Lq;
+            EXPECT_TRUE(attnkit_test::all_close(head_major.lse, token_major.lse,
+                                                attnkit_test::lse_tolerance(q, k.dequantised, o)))
+                << "D " << D << " Lq " << Lq;
+        }
     }
 }
 

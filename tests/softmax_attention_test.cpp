@@ -508,9 +508,10 @@ INSTANTIATE_TEST_SUITE_P(softmax_attention, sweep_storage, ::testing::ValuesIn(s
                                     "_" + std::to_string(info.index) + "_" + c.describe();
                          });
 
-// Threads and layouts with 16-bit storage: views over a [B, H, L, D] half buffer equal the
-// dense tensors bitwise, and 1, 2 and 3 threads agree bitwise (row kernel with split-KV, and
-// the tile kernel).
+// Threads and layouts with 16-bit storage: 1, 2 and 3 threads agree bitwise (row kernel with
+// split-KV, and the tile kernel), and views over a [B, H, L, D] half buffer agree with the dense
+// tensors: to rounding, since rows of 48 bytes are the row kernel's short head-major rows, read
+// and summed in consecutive key order (detail/row_kernel.hpp), bitwise on the tile kernel.
 TEST(softmax_attention, half_storage_views_and_threads_are_bitwise_stable) {
     for (index_t Lq : {1, 40}) {
         const index_t B = 2, Lk = 1500, H = 4, Hk = 2, D = 24;
@@ -539,7 +540,10 @@ TEST(softmax_attention, half_storage_views_and_threads_are_bitwise_stable) {
         const view<const Eigen::half, 4> vv(vb.data(), {B, Lk, Hk, D}, {Hk * Lk * D, D, Lk * D, 1});
         tensor4<float> out = make_bshd<float>(B, Lq, H, D, kNaN);
         attnkit::softmax_attention(q, kv, vv, out, o);
-        EXPECT_TRUE(bitwise_equal(out, base)) << "bhld view, Lq " << Lq;
+        if (Lq == 1)
+            EXPECT_TRUE(all_close(out, base, out_tolerance(q, k, v, o))) << "bhld view, Lq " << Lq;
+        else
+            EXPECT_TRUE(bitwise_equal(out, base)) << "bhld view, Lq " << Lq;
     }
 }
 
@@ -681,6 +685,9 @@ TEST(softmax_attention, thread_count_gives_bitwise_identical_results) {
 
 // ---- layouts -------------------------------------------------------------------------------
 
+// Bitwise, except where the row kernel reads short head-major value rows (at most 128 bytes) in
+// consecutive key order (detail/row_kernel.hpp): those sum their keys in another order than
+// token-major rows and agree to rounding.
 TEST(softmax_attention, bhld_views_equal_dense_tensors) {
     for (const auto& g : {std::array<index_t, 7>{2, 70, 90, 4, 2, 48, 80},
                           std::array<index_t, 7>{2, 1, 300, 8, 2, 64, 64},
@@ -705,8 +712,13 @@ TEST(softmax_attention, bhld_views_equal_dense_tensors) {
         const view<float, 4> ov = bhld_as_bshd(ob.data(), B, H, Lq, Dv);
         tensor3<float> lse = make_lse<float>(B, Lq, H, kNaN);
         attnkit::softmax_attention(qv, kv, vv, ov, lse, o);
-        EXPECT_TRUE(bitwise_equal(ov, dense.out));
-        EXPECT_TRUE(same_bytes(lse, dense.lse));
+        if (Dv * index_t(sizeof(float)) <= 128) {  // short rows: to rounding on the row kernel
+            EXPECT_TRUE(all_close(ov, dense.out, out_tolerance(q, k, v, o)));
+            EXPECT_TRUE(all_close(lse, dense.lse, lse_tolerance(q, k, o)));
+        } else {
+            EXPECT_TRUE(bitwise_equal(ov, dense.out));
+            EXPECT_TRUE(same_bytes(lse, dense.lse));
+        }
     }
 }
 

@@ -35,19 +35,21 @@ struct forward_outputs {
 
 struct forward_plan {
     bool row_path = false;
+    index_t heads_per_item = 1;  // key/value heads of a row block: all of them on the row path
     index_t n_pos = 1, n_qblocks = 0, n_items = 0, n_split = 1, split_len = 0;
 
     // Heavy blocks first: under a causal mask the last query blocks see the most keys, and
     // handing them out first keeps the threads' loads even at the end. The row kernel takes all
-    // key/value heads at once so that it reads K and V front to back.
+    // key/value heads at once so that it reads token-major K and V front to back, one head at a
+    // time for short head-major rows (row_kernel.hpp).
     row_block item(const attention_shape& s, index_t idx) const {
-        const index_t n_hk = row_path ? 1 : s.heads_k;
+        const index_t n_hk = s.heads_k / heads_per_item;  // row blocks per batch item and query block
         const index_t per_qb = s.batch * n_hk;
         const index_t qb = n_qblocks - 1 - idx / per_qb, rem = idx % per_qb;
         row_block rb;
         rb.b = rem / n_hk;
-        rb.hk = row_path ? 0 : rem % n_hk;
-        rb.n_hk = row_path ? s.heads_k : 1;
+        rb.hk = rem % n_hk * heads_per_item;
+        rb.n_hk = heads_per_item;
         rb.group = s.group();
         rb.i0 = qb * n_pos;
         rb.n_pos = std::min(n_pos, s.len_q - rb.i0);
@@ -55,21 +57,26 @@ struct forward_plan {
     }
 };
 
-// allow_row_path: the row kernel may take the call (one value set). n_sets value sets share
+// allow_row_path: the row kernel may take the call (one value set); head_per_row_block: it takes
+// one key/value head per call (short head-major rows), with the keys split as for all heads
+// at once, so that a row's pieces, and its bits, do not depend on it. n_sets value sets share
 // each row block. The block is sized as for one set: a panel's O^T of every set is touched one
 // panel at a time, so the sets' panels need not sit in L2 together, while a bigger block reuses
 // every K tile and the sets' V tiles over more rows. An item carries n_sets items' work and its
 // split-KV partials are n_sets times larger, so it counts n_sets times towards kTargetWorkItems.
 template <class A>
-forward_plan make_plan(const attention_shape& s, bool allow_row_path = true, index_t n_sets = 1) {
+forward_plan make_plan(const attention_shape& s, bool allow_row_path = true, index_t n_sets = 1,
+                       bool head_per_row_block = false) {
     forward_plan pl;
     const index_t G = s.group();
     pl.row_path = allow_row_path && s.len_q * G <= kRowKernelMaxRows<A>;
+    pl.heads_per_item = pl.row_path && !head_per_row_block ? s.heads_k : 1;
     pl.n_pos = pl.row_path ? s.len_q : std::max<index_t>(1, tile_traits<A>::block_rows(s.dim, s.dim_v) / G);
     pl.n_qblocks = (s.len_q + pl.n_pos - 1) / pl.n_pos;
-    pl.n_items = s.batch * (pl.row_path ? 1 : s.heads_k) * pl.n_qblocks;
-    if (pl.n_items * n_sets < kTargetWorkItems && s.len_k >= 2 * kMinSplitKeys) {
-        const index_t want = (kTargetWorkItems + pl.n_items * n_sets - 1) / (pl.n_items * n_sets);
+    pl.n_items = s.batch * (s.heads_k / pl.heads_per_item) * pl.n_qblocks;
+    const index_t split_items = s.batch * (pl.row_path ? 1 : s.heads_k) * pl.n_qblocks;
+    if (split_items * n_sets < kTargetWorkItems && s.len_k >= 2 * kMinSplitKeys) {
+        const index_t want = (kTargetWorkItems + split_items * n_sets - 1) / (split_items * n_sets);
         pl.n_split = std::min(want, s.len_k / kMinSplitKeys);
     }
     // Pieces start on the kernel's block grid: the row kernel's blocks never straddle a page of
@@ -89,7 +96,7 @@ ATTNKIT_NOINLINE void attention_forward(const basic_attention_problem<KVT, QT>& 
     if (s.batch == 0 || s.len_q == 0) return;
     // The row kernel (row_kernel.hpp) takes one value set; the tile kernel any number.
     const index_t n_sets = p.n_sets;
-    const forward_plan pl = make_plan<A>(s, n_sets == 1, n_sets);
+    const forward_plan pl = make_plan<A>(s, n_sets == 1, n_sets, short_head_major_rows(p));
     const index_t Dv = s.dim_v;
 
     // Item it's rows: a varlen or paged batch's item has its own query count (rows past it do
@@ -179,7 +186,7 @@ ATTNKIT_NOINLINE void attention_forward(const basic_attention_problem<KVT, QT>& 
     }
 
     // Split-KV: each piece writes its emitted rows, then rows merge pieces in order.
-    const index_t rows_max = pl.n_pos * s.group() * (pl.row_path ? s.heads_k : 1);
+    const index_t rows_max = pl.n_pos * s.group() * pl.heads_per_item;
     const index_t part_rows = pl.n_items * pl.n_split * n_sets * rows_max;
     scratch_lease<> part_o_lease, part_sum_lease;  // this thread's; the workers fill them
     std::vector<float>& part_o = part_o_lease.get();

@@ -14,9 +14,15 @@
 //    PyTorch and Hugging Face caches hold K and V), its walk runs head by head over the block
 //    instead of step by step: step by step, every step would touch eight rows of every head,
 //    8 x Hk pages at once, each read a row at a time over the whole block; head by head keeps
-//    one head's eight streams in flight and finishes its pages before the next head's.
-//    Each row still sees its keys in the same order, so the results are the same bits in both
-//    layouts (docs/benchmarks.md, section `detail/row_kernel.hpp`);
+//    one head's eight streams in flight and finishes its pages before the next head's. Each row
+//    still sees its keys in the same order, so the results are the same bits in both layouts;
+//  - head-major rows of at most kShortRowBytes (D 64 in 16 bits, int8 up to D 128) are too short
+//    for eight streams of a row per step: a step takes eight consecutive keys (one stream per
+//    head and tensor), and when both K and V are such rows the driver gives each call one
+//    key/value head (short_head_major_rows), so that a call streams one head's K and V front to
+//    back. Those rows sum their keys in another order than token-major ones, so the two layouts
+//    agree to rounding there, not bit for bit (docs/benchmarks.md, section
+//    `detail/row_kernel.hpp`);
 //  - with one query row per key/value head (MHA) and 16-bit or int8 K/V, the score walk of a
 //    block hints the block's V lines to L2 and the value walk the next block's K lines, so that
 //    the one of K and V that is not being read is still being fetched (kPrefetchOther; AVX-512
@@ -88,16 +94,40 @@ template <class A, class KT, class VT>
 constexpr bool kPrefetchOther = simd::kLanes<A> >= 16 &&
                                 (!std::is_same<KT, float>::value || !std::is_same<VT, float>::value);
 
-// The i-th (step, head) pair of a walk over n_steps steps and n_heads heads: step-major, or
-// head-major when the tensor's heads lie further apart than its keys (the header). One loop
-// over i serves both orders, so the walk's body is compiled once.
+// Head-major rows of at most this many bytes are read as one stream per head (the header).
+constexpr index_t kShortRowBytes = 128;
+
+// How a walk reads one tensor's rows of a block: n_steps steps of kKeys keys for each of n_heads
+// heads. The i-th (step, head) pair is step-major, or head-major when the tensor's heads lie
+// further apart than its keys (one loop over i serves both orders, so the walk's body is
+// compiled once); the keys of step t are first(t) + u * gap(), u < kKeys, from the block's
+// start: nk / kKeys apart (eight streams), or consecutive for short head-major rows.
 struct walk_order {
+    static constexpr index_t kKeys = 8;
     index_t n_steps, n_heads;
-    bool heads_outer;
+    bool heads_outer, consecutive;
     index_t size() const { return n_steps * n_heads; }
     index_t step(index_t i) const { return heads_outer ? i % n_steps : i / n_heads; }
     index_t head(index_t i) const { return heads_outer ? i / n_steps : i % n_heads; }
+    index_t first(index_t t) const { return consecutive ? t * kKeys : t; }
+    index_t gap() const { return consecutive ? 1 : n_steps; }
 };
+
+// Rows of T, dim elements each, sl apart per key and sh per head.
+template <class T>
+walk_order make_walk(index_t n_steps, index_t n_heads, index_t sl, index_t sh, index_t dim) {
+    const bool apart = sh > sl;
+    return walk_order{n_steps, n_heads, apart, apart && dim * index_t(sizeof(T)) <= kShortRowBytes};
+}
+
+// Both K and V short head-major rows: the driver runs the row kernel one key/value head at a time.
+template <class Problem>
+bool short_head_major_rows(const Problem& p) {
+    using KT = std::remove_const_t<std::remove_pointer_t<decltype(p.k.data)>>;
+    using VT = std::remove_const_t<std::remove_pointer_t<decltype(p.v.data)>>;
+    return make_walk<KT>(1, 1, p.k.sl, p.k.sh, p.s.dim).consecutive &&
+           make_walk<VT>(1, 1, p.v.sl, p.v.sh, p.s.dim_v).consecutive;
+}
 
 // Hints the n_rows rows x + u * stride, u < n_rows, of `bytes` each to L2.
 template <class T>
@@ -429,6 +459,7 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
     constexpr index_t KG = kRowScoreKeys;
     static_assert(BK % W == 0 && BK % KU == 0 && BK % KG == 0, "steps must tile the block");
     static_assert(KU == KG, "each walk hints the other's rows in the other's steps");
+    static_assert(KG == walk_order::kKeys, "the walks take kRowScoreKeys keys per step");
     const index_t D = p.s.dim, Dv = p.s.dim_v, R = rb.rows(), RH = rb.rows_per_kv_head();
     const index_t Dp = (D + W - 1) / W * W;  // padded query rows: whole-vector loads
 
@@ -491,23 +522,27 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
                 if (active(i)) return true;
             return false;
         };
-        const walk_order k_walk{sj, rb.n_hk, ksh > ksl};
+        const walk_order k_walk = make_walk<KT>(sj, rb.n_hk, ksl, ksh, D);
+        const walk_order v_walk = make_walk<VT>(nk / KU, rb.n_hk, vsl, vsh, Dv);
+        const index_t kf = k_walk.gap();  // key distance within a step
         for (index_t w = 0; w < k_walk.size(); ++w) {
-            const index_t t = k_walk.step(w), h = k_walk.head(w);
-            const KT* kr = kb + t * ksl + h * ksh;
-            if (hint) prefetch_rows_l2(vb + t * vsl + h * vsh, sj * vsl, KG, Dv * index_t(sizeof(VT)));
+            const index_t t = k_walk.step(w), h = k_walk.head(w), j = k_walk.first(t);
+            const KT* kr = kb + j * ksl + h * ksh;
+            if (hint)
+                prefetch_rows_l2(vb + v_walk.first(t) * vsl + h * vsh, v_walk.gap() * vsl, KG,
+                                 Dv * index_t(sizeof(VT)));
             index_t r = h * RH;
             const index_t r_end = r + RH;
             if constexpr (kGroupRows<A, KT>) {
                 for (; r + 4 <= r_end; r += 4)
                     if (any_active(r, 4))
-                        score_keys_rows<A, KT, 4>(qs + r * Dp, Dp, kr, sj * ksl, D, sc + r * BK + t, sj, BK);
+                        score_keys_rows<A, KT, 4>(qs + r * Dp, Dp, kr, kf * ksl, D, sc + r * BK + j, kf, BK);
                 for (; r + 2 <= r_end; r += 2)
                     if (any_active(r, 2))
-                        score_keys_rows<A, KT, 2>(qs + r * Dp, Dp, kr, sj * ksl, D, sc + r * BK + t, sj, BK);
+                        score_keys_rows<A, KT, 2>(qs + r * Dp, Dp, kr, kf * ksl, D, sc + r * BK + j, kf, BK);
             }
             for (; r < r_end; ++r)
-                if (active(r)) score_keys<A>(qs + r * Dp, kr, sj * ksl, D, sc + r * BK + t, sj);
+                if (active(r)) score_keys<A>(qs + r * Dp, kr, kf * ksl, D, sc + r * BK + j, kf);
         }
         for (index_t j = sj * KG; j < nk; ++j)
             for (index_t h = 0; h < rb.n_hk; ++h) {
@@ -527,23 +562,22 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         }
         if constexpr (simd::kIsScaledStorage<VT>) scale_block(p.v_scale, rb, j0, nk, sc, lo, hi, row_scales);
 
-        // Values, KU keys at a time (sv apart, as for K), head by head. Keys a row does not see
+        // Values, KU keys at a time (as for K: v_walk), head by head. Keys a row does not see
         // are skipped rather than weighted by 0, so that a NaN or Inf in their value rows
         // (0 * Inf = NaN) stays out of it; a visible key always contributes, even at weight 0.
-        const index_t sv = nk / KU;
-        const walk_order v_walk{sv, rb.n_hk, vsh > vsl};
+        const index_t sv = nk / KU, vf = v_walk.gap();
         for (index_t w = 0; w < v_walk.size(); ++w) {
             const index_t t = v_walk.step(w), h = v_walk.head(w);
-            const index_t key = j0 + t, last = key + (KU - 1) * sv;
+            const index_t key = j0 + v_walk.first(t), last = key + (KU - 1) * vf;
             auto sees_all = [&](index_t r) { return lo[r] <= key && hi[r] > last; };
             auto value_row = [&](index_t r, const VT* vr) {
-                const float* pr = sc + r * BK + t;
+                const float* pr = sc + r * BK + (key - j0);
                 if (sees_all(r)) {
-                    accumulate_keys<A>(o + r * Dv, pr, sv, vr, sv * vsl, Dv);
+                    accumulate_keys<A>(o + r * Dv, pr, vf, vr, vf * vsl, Dv);
                 } else {
                     for (index_t u = 0; u < KU; ++u)
-                        if (key + u * sv >= lo[r] && key + u * sv < hi[r])
-                            axpy<A>(o + r * Dv, pr[u * sv], vr + u * sv * vsl, Dv);
+                        if (key + u * vf >= lo[r] && key + u * vf < hi[r])
+                            axpy<A>(o + r * Dv, pr[u * vf], vr + u * vf * vsl, Dv);
                 }
             };
             // Rows [r, r + n) of a head together when each sees all KU keys of the step.
@@ -553,14 +587,14 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
                 return true;
             };
             const VT* vr = vb + (key - j0) * vsl + h * vsh;
-            if (kn) prefetch_rows_l2(kn + t * ksl + h * ksh, sj * ksl, KG, D * index_t(sizeof(KT)));
+            if (kn) prefetch_rows_l2(kn + k_walk.first(t) * ksl + h * ksh, kf * ksl, KG, D * index_t(sizeof(KT)));
             index_t r = h * RH;
             const index_t r_end = r + RH;
             if constexpr (kGroupRows<A, VT>) {
                 for (; r + 4 <= r_end && all_see(r, 4); r += 4)
-                    accumulate_keys_rows<A, VT, 4>(o + r * Dv, Dv, sc + r * BK + t, sv, BK, vr, sv * vsl, Dv);
+                    accumulate_keys_rows<A, VT, 4>(o + r * Dv, Dv, sc + r * BK + (key - j0), vf, BK, vr, vf * vsl, Dv);
                 for (; r + 2 <= r_end && all_see(r, 2); r += 2)
-                    accumulate_keys_rows<A, VT, 2>(o + r * Dv, Dv, sc + r * BK + t, sv, BK, vr, sv * vsl, Dv);
+                    accumulate_keys_rows<A, VT, 2>(o + r * Dv, Dv, sc + r * BK + (key - j0), vf, BK, vr, vf * vsl, Dv);
             }
             for (; r < r_end; ++r) value_row(r, vr);
         }
