@@ -107,17 +107,9 @@ std::vector<attn_case> softmax_cases() {
     // Decode: K/V streamed once, GB/s and bw_frac against the read probe of the run; float,
     // bfloat16, half and int8 K/V; MHA H = 8 and GQA 32/8; K/V token-major ([B, L, Hk, D], as
     // llama.cpp's cache) and head-major ([B, Hk, L, D] views, as PyTorch's and Hugging Face's).
-    for (kv_storage st : {kv_storage::f32, kv_storage::bf16, kv_storage::f16, kv_storage::i8})
-        for (std::int64_t Lk : {4096, 16384, 65536})
-            for (std::int64_t D : {64, 128})
-                for (std::int64_t H : {8, 32})
-                    for (bool head_major : {false, true})
-                        for (int t : kThreadCounts) {
-                            attn_case c = decode_case(Lk, D, H, 8, t);
-                            c.kv = st;
-                            c.head_major = head_major;
-                            cases.push_back(c);
-                        }
+    for (const attn_case& c : decode_sweep({kv_storage::f32, kv_storage::bf16, kv_storage::f16, kv_storage::i8},
+                                           {4096, 16384, 65536}))
+        cases.push_back(c);
     // Batched decode with padding: B = 4 caches of different lengths in one [4, Lk] tensor.
     for (kv_storage st : {kv_storage::f32, kv_storage::bf16, kv_storage::f16})
         for (int t : kThreadCounts) {

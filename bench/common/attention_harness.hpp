@@ -55,6 +55,7 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -165,6 +166,26 @@ inline attn_case decode_case(std::int64_t Lk, std::int64_t D, std::int64_t H, st
     c.decode = true;
     c.threads = threads;
     return c;
+}
+
+// The decode sweep of the softmax bench and the ggml comparison: for each storage type and Lk,
+// D 64 and 128, MHA H = 8 and GQA 32/8 over Hk = 8, K/V token-major and head-major, threads 1
+// and 2.
+inline std::vector<attn_case> decode_sweep(std::initializer_list<kv_storage> storages,
+                                           const std::vector<std::int64_t>& key_lengths) {
+    std::vector<attn_case> cases;
+    for (kv_storage st : storages)
+        for (std::int64_t Lk : key_lengths)
+            for (std::int64_t D : {64, 128})
+                for (std::int64_t H : {8, 32})
+                    for (bool head_major : {false, true})
+                        for (int t : kThreadCounts) {
+                            attn_case c = decode_case(Lk, D, H, 8, t);
+                            c.kv = st;
+                            c.head_major = head_major;
+                            cases.push_back(c);
+                        }
+    return cases;
 }
 
 // ---------------------------------------------------------------------------------------------

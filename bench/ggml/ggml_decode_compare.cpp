@@ -148,21 +148,8 @@ void ggml_attention(const Q& q, const K& k, const V& v, tensor4& out, const attn
 }
 
 std::vector<attn_case> decode_cases() {
-    std::vector<attn_case> cases;
-    const std::vector<std::int64_t> lks = bench_quick() ? std::vector<std::int64_t>{16384}
-                                                        : std::vector<std::int64_t>{4096, 16384, 65536};
-    for (kv_storage st : {kv_storage::f32, kv_storage::bf16, kv_storage::f16})
-        for (std::int64_t Lk : lks)
-            for (std::int64_t D : {64, 128})
-                for (std::int64_t H : {8, 32})
-                    for (bool head_major : {false, true})
-                        for (int t : kThreadCounts) {
-                            attn_case c = decode_case(Lk, D, H, 8, t);
-                            c.kv = st;
-                            c.head_major = head_major;
-                            cases.push_back(c);
-                        }
-    return cases;
+    return decode_sweep({kv_storage::f32, kv_storage::bf16, kv_storage::f16},
+                        bench_quick() ? std::vector<std::int64_t>{16384} : std::vector<std::int64_t>{4096, 16384, 65536});
 }
 
 }  // namespace
