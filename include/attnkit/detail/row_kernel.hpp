@@ -447,7 +447,8 @@ inline void scale_block(const strided_rows_t<float>& scales, const row_block& rb
 // t + u * (nk / KG), u < KG (KU for V), and within them runs head by head, so each of the KG
 // streams reads its rows front to back; the last nk % KG keys follow one at a time. Where a
 // tensor's heads lie further apart than its keys, its walk takes the steps of one head after
-// another instead (walk_order). Every line of K and V is read once.
+// another instead, with consecutive keys per step for short rows (walk_order). Every line of K
+// and V is read once.
 template <class A, class Policy, class Problem, class Emit>
 void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_t ks0, index_t ks1,
                 std::vector<float>& buf, Emit&& emit) {
