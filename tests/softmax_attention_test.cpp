@@ -685,6 +685,26 @@ TEST(softmax_attention, thread_count_gives_bitwise_identical_results) {
 
 // ---- layouts -------------------------------------------------------------------------------
 
+// One key/value head: the head stride of a [B, L, 1, D] view means nothing, so a view that gives
+// that dimension the stride of a [B, 1, L, D] buffer reads the same memory at the same bits as the
+// dense tensor (short rows, where head-major views take another walk, included).
+TEST(softmax_attention, one_kv_head_views_read_as_dense_whatever_their_head_stride) {
+    const index_t B = 2, Lk = 300, H = 8, Hk = 1;
+    for (index_t D : {32, 64, 128}) {
+        const tensor4<float> q = random_bshd(B, 1, H, D, distribution::gaussian, 61);
+        const tensor4<Eigen::bfloat16> k = stored_as<Eigen::bfloat16>(random_bshd(B, Lk, Hk, D, distribution::gaussian, 62));
+        const tensor4<Eigen::bfloat16> v = stored_as<Eigen::bfloat16>(random_bshd(B, Lk, Hk, D, distribution::gaussian, 63));
+        softmax_options o;
+        o.causal = true;
+        tensor4<float> dense = make_bshd<float>(B, 1, H, D, kNaN), viewed = make_bshd<float>(B, 1, H, D, kNaN);
+        attnkit::softmax_attention(q, k, v, dense, o);
+        const view<const Eigen::bfloat16, 4> kv(k.data(), {B, Lk, Hk, D}, {Lk * D, D, Lk * D, 1});
+        const view<const Eigen::bfloat16, 4> vv(v.data(), {B, Lk, Hk, D}, {Lk * D, D, Lk * D, 1});
+        attnkit::softmax_attention(q, kv, vv, viewed, o);
+        EXPECT_TRUE(bitwise_equal(viewed, dense)) << "D " << D;
+    }
+}
+
 // Bitwise, except where the row kernel reads short head-major value rows (at most 128 bytes) in
 // consecutive key order (detail/row_kernel.hpp): those sum their keys in another order than
 // token-major rows and agree to rounding.

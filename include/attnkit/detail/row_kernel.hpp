@@ -113,10 +113,12 @@ struct walk_order {
     index_t gap() const { return consecutive ? 1 : n_steps; }
 };
 
-// Rows of T, dim elements each, sl apart per key and sh per head.
+// Rows of T, dim elements each, sl apart per key and sh per head, of a tensor with heads_k heads
+// (the walk takes n_heads of them). With one head the head stride means nothing: a [B, 1, L, D]
+// view reads the same memory, at the same bits, whatever stride it gives that dimension.
 template <class T>
-walk_order make_walk(index_t n_steps, index_t n_heads, index_t sl, index_t sh, index_t dim) {
-    const bool apart = sh > sl;
+walk_order make_walk(index_t n_steps, index_t n_heads, index_t heads_k, index_t sl, index_t sh, index_t dim) {
+    const bool apart = heads_k > 1 && sh > sl;
     return walk_order{n_steps, n_heads, apart, apart && dim * index_t(sizeof(T)) <= kShortRowBytes};
 }
 
@@ -125,8 +127,8 @@ template <class Problem>
 bool short_head_major_rows(const Problem& p) {
     using KT = std::remove_const_t<std::remove_pointer_t<decltype(p.k.data)>>;
     using VT = std::remove_const_t<std::remove_pointer_t<decltype(p.v.data)>>;
-    return make_walk<KT>(1, 1, p.k.sl, p.k.sh, p.s.dim).consecutive &&
-           make_walk<VT>(1, 1, p.v.sl, p.v.sh, p.s.dim_v).consecutive;
+    return make_walk<KT>(1, 1, p.s.heads_k, p.k.sl, p.k.sh, p.s.dim).consecutive &&
+           make_walk<VT>(1, 1, p.s.heads_k, p.v.sl, p.v.sh, p.s.dim_v).consecutive;
 }
 
 // Hints the n_rows rows x + u * stride, u < n_rows, of `bytes` each to L2.
@@ -523,8 +525,8 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
                 if (active(i)) return true;
             return false;
         };
-        const walk_order k_walk = make_walk<KT>(sj, rb.n_hk, ksl, ksh, D);
-        const walk_order v_walk = make_walk<VT>(nk / KU, rb.n_hk, vsl, vsh, Dv);
+        const walk_order k_walk = make_walk<KT>(sj, rb.n_hk, p.s.heads_k, ksl, ksh, D);
+        const walk_order v_walk = make_walk<VT>(nk / KU, rb.n_hk, p.s.heads_k, vsl, vsh, Dv);
         const index_t kf = k_walk.gap();  // key distance within a step
         for (index_t w = 0; w < k_walk.size(); ++w) {
             const index_t t = k_walk.step(w), h = k_walk.head(w), j = k_walk.first(t);
