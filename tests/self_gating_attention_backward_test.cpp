@@ -403,6 +403,65 @@ TEST(self_gating_attention_backward, strided_views_equal_dense) {
     }
 }
 
+// Where the gradients lie (at a 64-byte line, 16, 32 or 48 bytes into one, rows padded apart)
+// changes none of their bits. These calls are large enough to stream their rows (kStreamBytes),
+// and on an AVX2 core a row that starts mid-line holds its last half-line back until the row
+// below it comes (detail/self_gating/backward.hpp, line_joiner): a half dropped, written to the
+// wrong place or left unwritten at the end of a chunk shows here as a NaN or a moved value.
+// Causal (the joined stores) and not, MHA and GQA (the group sums' stores), D a multiple of the
+// lane width and not, masked tokens (their zero rows) after key_lengths.
+TEST(self_gating_attention_backward, gradient_placement_changes_no_bits) {
+    struct shape_case {
+        index_t H, Hk, D;
+    };
+    const index_t B = 1, L = 1100;
+    for (bool causal : {true, false})
+        for (const shape_case sc : {shape_case{4, 4, 128}, shape_case{4, 2, 128}, shape_case{4, 4, 100}}) {
+            const index_t H = sc.H, Hk = sc.Hk, D = sc.D;
+            SCOPED_TRACE(std::string(causal ? "causal" : "full") + " H " + std::to_string(H) + " Hk " +
+                         std::to_string(Hk) + " D " + std::to_string(D));
+            self_gating_options o;
+            o.causal = causal;
+            o.key_lengths = {1000};
+            const tensor4<float> q = random_bshd(B, L, H, D, distribution::gaussian, 141);
+            const tensor4<float> k = random_bshd(B, L, Hk, D, distribution::gaussian, 142);
+            const tensor4<float> v = random_bshd(B, L, Hk, D, distribution::gaussian, 143);
+            const tensor4<float> dout = random_bshd(B, L, H, D, distribution::gaussian, 144);
+            tensor4<float> out(B, L, H, D);
+            tensor3<float> lse = make_lse<float>(B, L, H, kNaN);
+            attnkit::self_gating_attention(q, k, v, out, lse, o);
+            const grads want = run_fast(q, k, v, dout, o, nullptr, true);
+            for (index_t pad : {index_t(0), index_t(8)})
+                for (index_t offset : {index_t(0), index_t(4), index_t(8), index_t(12)}) {
+                    SCOPED_TRACE("rows " + std::to_string(pad) + " floats apart, " + std::to_string(4 * offset) +
+                                 " bytes past a line");
+                    const index_t rs = D + pad;  // floats from one row to the next
+                    auto placed = [&](std::vector<float>& buf, index_t heads) {
+                        buf.assign(static_cast<std::size_t>(B * L * heads * rs + 16 + offset), kNaN);
+                        const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(buf.data());
+                        float* p = buf.data() + ((64 - a % 64) % 64) / sizeof(float) + offset;
+                        return attnkit::view<float, 4>(p, {B, L, heads, D}, {L * heads * rs, heads * rs, rs, 1});
+                    };
+                    std::vector<float> bq, bk, bv;
+                    const attnkit::view<float, 4> dq = placed(bq, H), dk = placed(bk, Hk), dv = placed(bv, Hk);
+                    attnkit::self_gating_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, o);
+                    auto same = [&](const attnkit::view<float, 4>& got, const tensor4<float>& w) {
+                        for (index_t l = 0; l < L; ++l)
+                            for (index_t h = 0; h < w.dimension(2); ++h)
+                                for (index_t d = 0; d < D; ++d)
+                                    if (std::memcmp(&got(0, l, h, d), &w(0, l, h, d), sizeof(float)) != 0)
+                                        return ::testing::AssertionFailure()
+                                               << "token " << l << " head " << h << " element " << d << ": "
+                                               << got(0, l, h, d) << " against " << w(0, l, h, d);
+                        return ::testing::AssertionSuccess();
+                    };
+                    EXPECT_TRUE(same(dq, want.dq)) << "d_q";
+                    EXPECT_TRUE(same(dk, want.dk)) << "d_k";
+                    EXPECT_TRUE(same(dv, want.dv)) << "d_v";
+                }
+        }
+}
+
 TEST(self_gating_attention_backward, empty_sequences) {
     for (index_t L : {0, 1}) {
         const tensor4<float> q = random_bshd(1, L, 2, 3, distribution::gaussian, 141);

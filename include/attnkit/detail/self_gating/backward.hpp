@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "attnkit/detail/self_gating/driver.hpp"
@@ -87,10 +88,24 @@ struct grad_problem {
     }
 };
 
+// The streaming stores of one gradient tensor in the causal scan, which writes every row from
+// its top down (walk_down). Where rows start 32 bytes into a 64-byte line (a view 32 bytes past
+// a line, where Eigen places a large tensor with AVX), each row shares its lowest line with the
+// top of the row below it, which the scan writes next: the row's last half-line is held back
+// and streamed right after its partner, so that the line leaves the write-combining buffer
+// whole. Two half-lines streamed apart cost the scan about a third more time on a Zen 3 core
+// (docs/benchmarks.md). A held vector is written at the tensor's next store whatever that is,
+// and by flush() at the end of a chunk.
+struct line_joiner {
+    float* dst = nullptr;
+    float x[8];  // one 32-byte vector: only those split a line in halves
+};
+
 // Per-worker state of pass 2: the chunk-local suffix (sl, rl), the combined one of the current
 // row (s, r), per-head scalars, and the accumulators of one key/value head's d_k and d_v rows.
 struct grad_states {
     std::vector<float> sl, rl, s, r, rho, w, e, acc_k, acc_v;
+    line_joiner jq, jk, jv;
     void resize(const grad_problem& g) {
         const std::size_t nh = static_cast<std::size_t>(g.fw.heads), dvp = static_cast<std::size_t>(g.fw.dim_vp);
         sl.assign(nh * dvp, 0.0f);
@@ -155,6 +170,22 @@ ATTNKIT_NOINLINE void row_stats(grad_problem& g, index_t b, states& st) {
     }
 }
 
+// Visits the W-lane vectors of a row of n floats from the top down: the vectors past the last
+// whole pair first (single(c, lanes), highest first), then the pairs (pair(c) for c, c + W),
+// highest first. Pass 2 runs from the last position to the first, and a row is stored after the
+// next position's rows in memory; walking each position's rows (and its heads) downwards as
+// well makes every tensor one descending stream, which the hardware prefetchers follow across
+// rows, where rows read upwards inside a descending scan restart them at every row
+// (docs/benchmarks.md, "Self-gating and static QK backward"). Every dot of a row (suffix_step's
+// and head_step's) takes this one order, so the two paths give the same bits.
+template <index_t W, class Pair, class Single>
+ATTNKIT_ALWAYS_INLINE void walk_down(index_t n, Pair&& pair, Single&& single) {
+    const index_t pe = n - n % (2 * W);
+    if (n > pe)
+        for (index_t c = pe + (n - pe - 1) / W * W; c >= pe; c -= W) single(c, std::min(W, n - c));
+    for (index_t c = pe - 2 * W; c >= 0; c -= 2 * W) pair(c);
+}
+
 // The local suffix of row l of item b: sl = sl exp(M_l - M_{l+1}) + a_l dO_l and likewise rl
 // with <dO_l, O_l>; `first`: the first row of a local scan (nothing to carry). rho is scratch.
 template <class A>
@@ -170,26 +201,26 @@ ATTNKIT_NOINLINE void suffix_step(const grad_problem& g, index_t b, index_t l, b
         const V rho = first ? V(0.0f) : shift<A>(load_heads<A>(M + hh, cnt), load_heads<A>(g.at(g.mx, b, l + 1) + hh, cnt));
         store_heads<A>(st.rho.data() + hh, rho, cnt);
     }
-    for (index_t h = 0; h < nh; ++h) {
+    for (index_t h = nh - 1; h >= 0; --h) {
         const float* d = g.dout.row(b, l, h);
         const float* o = g.o.row(b, l, h);
         float* S = st.sl.data() + h * dvp;
         const V av(a[h]), rv(st.rho[static_cast<std::size_t>(h)]);
         V acc0(0.0f), acc1(0.0f);
-        index_t c = 0;
-        for (; c + 2 * W <= dv; c += 2 * W) {
-            const V d0 = simd::loadu<A>(d + c), d1 = simd::loadu<A>(d + c + W);
-            simd::storeu(S + c, simd::fma(simd::loadu<A>(S + c), rv, d0 * av));
-            simd::storeu(S + c + W, simd::fma(simd::loadu<A>(S + c + W), rv, d1 * av));
-            acc0 = simd::fma(d0, simd::loadu<A>(o + c), acc0);
-            acc1 = simd::fma(d1, simd::loadu<A>(o + c + W), acc1);
-        }
-        for (; c < dv; c += W) {
-            const index_t n = std::min(W, dv - c);
-            const V d0 = simd::load_partial<A>(d + c, n);
-            simd::storeu(S + c, simd::fma(simd::loadu<A>(S + c), rv, d0 * av));
-            acc0 = simd::fma(d0, simd::load_partial<A>(o + c, n), acc0);
-        }
+        walk_down<W>(
+            dv,
+            [&](index_t c) {
+                const V d1 = simd::loadu<A>(d + c + W), d0 = simd::loadu<A>(d + c);
+                simd::storeu(S + c + W, simd::fma(simd::loadu<A>(S + c + W), rv, d1 * av));
+                simd::storeu(S + c, simd::fma(simd::loadu<A>(S + c), rv, d0 * av));
+                acc1 = simd::fma(d1, simd::loadu<A>(o + c + W), acc1);
+                acc0 = simd::fma(d0, simd::loadu<A>(o + c), acc0);
+            },
+            [&](index_t c, index_t n) {
+                const V d0 = simd::load_partial<A>(d + c, n);
+                simd::storeu(S + c, simd::fma(simd::loadu<A>(S + c), rv, d0 * av));
+                acc0 = simd::fma(d0, simd::load_partial<A>(o + c, n), acc0);
+            });
         const float dot = simd::hsum(acc0 + acc1);
         float& rl = st.rl[static_cast<std::size_t>(h)];
         rl = std::fma(rl, st.rho[static_cast<std::size_t>(h)], a[h] * dot);
@@ -233,6 +264,52 @@ ATTNKIT_ALWAYS_INLINE void store_grad(float* dst, const float* x, index_t n, boo
     else
         for (; c + W <= n; c += W) simd::storeu(dst + c, simd::loadu<A>(x + c));
     if (c < n) simd::store_partial(dst + c, simd::loadu<A>(x + c), n - c);
+}
+
+// A full vector of a gradient row at dst through the tensor's joiner: streamed where `stream`
+// (the row's pointer passed stream_aligned), stored otherwise. `row_end`: the row's last store
+// in the downward walk, held back when it is the upper half of a line.
+template <class A>
+ATTNKIT_ALWAYS_INLINE void joined_put(line_joiner& j, float* dst, const simd::vfloat<A>& x, bool stream, bool row_end) {
+    constexpr index_t W = simd::kLanes<A>;
+    if (!stream) {
+        simd::storeu(dst, x);
+        return;
+    }
+    if (W == 8) {
+        if (j.dst) {
+            float* held = j.dst;
+            j.dst = nullptr;
+            if (held == dst + W) {  // its partner: the lower half of the same line
+                simd::stream_store(dst, x);
+                simd::stream_store(held, simd::loadu<A>(j.x));
+                return;
+            }
+            simd::stream_store(held, simd::loadu<A>(j.x));
+        }
+        if (row_end && (reinterpret_cast<std::uintptr_t>(dst) & 63) == 32) {
+            simd::storeu(j.x, x);
+            j.dst = dst;
+            return;
+        }
+    }
+    simd::stream_store(dst, x);
+}
+
+template <class A>
+ATTNKIT_ALWAYS_INLINE void flush(line_joiner& j) {
+    if (j.dst && simd::kLanes<A> == 8) simd::stream_store(j.dst, simd::loadu<A>(j.x));
+    j.dst = nullptr;
+}
+
+// store_grad's downward form for the causal scan: n floats of x at dst, through the joiner.
+template <class A>
+ATTNKIT_ALWAYS_INLINE void store_grad_down(line_joiner& j, float* dst, const float* x, index_t n, bool stream) {
+    constexpr index_t W = simd::kLanes<A>;
+    const bool st = stream && simd::stream_aligned<A>(dst);
+    index_t c = n - n % W;
+    if (c < n) simd::store_partial(dst + c, simd::loadu<A>(x + c), n - c);
+    for (c -= W; c >= 0; c -= W) joined_put<A>(j, dst + c, simd::loadu<A>(x + c), st, c == 0);
 }
 
 // Zero gradients of token l of item b (masked: no row sees it).
@@ -330,19 +407,20 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
 // One query head's gradients at a position, in three passes over its rows instead of
 // suffix_step, fix_suffix and token_grads' six: the gate from q and k; the local suffix of the
 // row, its combination with the chunks after it, <v, S> and e S in one pass over d_out, out, v
-// and the suffixes; then d_q and scale dg q. Each value is the same operation on the same
-// operands as in those functions (the same two-accumulator dots, the same fmas, the query heads
-// of a group summed in order into d_k and d_v), so both paths give the same bits. With one query
-// head per key/value head (gi == last == 0) d_k and d_v go straight to their rows; otherwise
-// they are summed in st.acc_k / st.acc_v and stored after the group's last head.
+// and the suffixes; then d_k and d_q. Every row is walked downwards (walk_down). The local
+// suffix is the same operation on the same operands as suffix_step's, in the same order, so the
+// look-back's scan (suffix_step) publishes the same bits. A key/value head's group is summed
+// into d_k and d_v from its last query head down to its first (`first`: the first one summed,
+// `last`: the last one, after which the sums are stored); with one query head per key/value head
+// (first && last) d_k and d_v go straight to their rows.
 template <class A>
-ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l, index_t h, index_t gi, bool last,
+ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l, index_t h, bool first, bool last,
                                      grad_states& st, const state_ref& next) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     const problem& p = g.fw;
     const index_t D = p.dim, dv = p.dim_v, dvp = p.dim_vp, hk = h / p.group;
-    const bool direct = gi == 0 && last;
+    const bool direct = first && last;
     const std::size_t hs = static_cast<std::size_t>(h);
     const float* qr = p.q.row(b, l, h);
     const float* kr = p.k.row(b, l, hk);
@@ -355,54 +433,57 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     float* sum_v = st.acc_v.data();
     float e = st.e[hs];
     if (g.lse) {
-        const float gate = simd::dot<A>(qr, kr, D) * p.scale;
+        V q0(0.0f), q1(0.0f);
+        walk_down<W>(
+            D,
+            [&](index_t c) {
+                q1 = simd::fma(simd::loadu<A>(qr + c + W), simd::loadu<A>(kr + c + W), q1);
+                q0 = simd::fma(simd::loadu<A>(qr + c), simd::loadu<A>(kr + c), q0);
+            },
+            [&](index_t c, index_t n) { q0 = simd::fma(simd::load_partial<A>(qr + c, n), simd::load_partial<A>(kr + c, n), q0); });
+        const float gate = simd::hsum(q0 + q1) * p.scale;
         e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - g.at(g.mx, b, l)[h]);
     }
     const float a = g.at(g.inv, b, l)[h];
     const V av(a), rv(st.rho[hs]), wv(st.w[hs]), ev(e);
     float* dvr = g.dv.row(b, l, hk);
     const bool st_v = g.stream && simd::stream_aligned<A>(dvr);
-    auto put = [](float* dst, const V& x, bool stream) {
-        if (stream)
-            simd::stream_store(dst, x);
-        else
-            simd::storeu(dst, x);
-    };
-    // e S into d_v's row (one query head) or into the group's sum (several).
-    auto add_v = [&](index_t c, const V& s) {
-        if (direct)
-            put(dvr + c, ev * s, st_v);
-        else
-            group_sum<A>(sum_v + c, ev, s, gi == 0);
-    };
     V acc0(0.0f), acc1(0.0f), t0(0.0f), t1(0.0f);
-    index_t c = 0;
-    for (; c + 2 * W <= dv; c += 2 * W) {
-        const V d0 = simd::loadu<A>(d + c), d1 = simd::loadu<A>(d + c + W);
-        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av), l1 = simd::fma(simd::loadu<A>(sl + c + W), rv, d1 * av);
-        simd::storeu(sl + c, l0);
-        simd::storeu(sl + c + W, l1);
-        acc0 = simd::fma(d0, simd::loadu<A>(o + c), acc0);
-        acc1 = simd::fma(d1, simd::loadu<A>(o + c + W), acc1);
-        const V s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0), s1 = simd::fma(simd::loadu<A>(sn + c + W), wv, l1);
-        t0 = simd::fma(simd::loadu<A>(vr + c), s0, t0);
-        t1 = simd::fma(simd::loadu<A>(vr + c + W), s1, t1);
-        add_v(c, s0);
-        add_v(c + W, s1);
-    }
-    for (; c < dv; c += W) {
-        const index_t n = std::min(W, dv - c);
-        const V d0 = simd::load_partial<A>(d + c, n);
-        const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av);
-        simd::storeu(sl + c, l0);
-        acc0 = simd::fma(d0, simd::load_partial<A>(o + c, n), acc0);
-        const V s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0);
-        t0 = simd::fma(simd::load_partial<A>(vr + c, n), s0, t0);
-        if (n == W || !direct)
-            add_v(c, s0);
-        else
-            simd::store_partial(dvr + c, ev * s0, n);
-    }
+    walk_down<W>(
+        dv,
+        [&](index_t c) {
+            const V d1 = simd::loadu<A>(d + c + W), d0 = simd::loadu<A>(d + c);
+            const V l1 = simd::fma(simd::loadu<A>(sl + c + W), rv, d1 * av), l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av);
+            simd::storeu(sl + c + W, l1);
+            simd::storeu(sl + c, l0);
+            acc1 = simd::fma(d1, simd::loadu<A>(o + c + W), acc1);
+            acc0 = simd::fma(d0, simd::loadu<A>(o + c), acc0);
+            const V s1 = simd::fma(simd::loadu<A>(sn + c + W), wv, l1), s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0);
+            t1 = simd::fma(simd::loadu<A>(vr + c + W), s1, t1);
+            t0 = simd::fma(simd::loadu<A>(vr + c), s0, t0);
+            // e S into d_v's row (one query head) or into the group's sum (several).
+            if (direct) {
+                joined_put<A>(st.jv, dvr + c + W, ev * s1, st_v, false);
+                joined_put<A>(st.jv, dvr + c, ev * s0, st_v, c == 0);
+            } else {
+                group_sum<A>(sum_v + c + W, ev, s1, first);
+                group_sum<A>(sum_v + c, ev, s0, first);
+            }
+        },
+        [&](index_t c, index_t n) {
+            const V d0 = simd::load_partial<A>(d + c, n);
+            const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av);
+            simd::storeu(sl + c, l0);
+            acc0 = simd::fma(d0, simd::load_partial<A>(o + c, n), acc0);
+            const V s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0);
+            t0 = simd::fma(simd::load_partial<A>(vr + c, n), s0, t0);
+            if (!direct)
+                group_sum<A>(sum_v + c, ev, s0, first);
+            else if (n == W)
+                joined_put<A>(st.jv, dvr + c, ev * s0, st_v, c == 0);
+            else
+                simd::store_partial(dvr + c, ev * s0, n);
+        });
     float& rl = st.rl[hs];
     rl = std::fma(rl, st.rho[hs], a * simd::hsum(acc0 + acc1));
     const float r = std::fma(next.z[h], st.w[hs], rl);
@@ -414,31 +495,34 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     // One row after the other: streaming stores to two rows in turn keep two write-combining
     // buffers open at once, which made the whole call slower on a Zen 3 core
     // (docs/benchmarks.md).
-    for (c = 0; c + W <= D; c += W) {
-        const V qv = simd::loadu<A>(qr + c);
-        if (direct)
-            put(dk + c, sv * qv, st_k);
-        else
-            group_sum<A>(sum_k + c, sv, qv, gi == 0);
-    }
+    index_t c = D - D % W;
     if (c < D) {
         const V qv = simd::load_partial<A>(qr + c, D - c);
         if (direct)
             simd::store_partial(dk + c, sv * qv, D - c);
         else
-            group_sum<A>(sum_k + c, sv, qv, gi == 0);
+            group_sum<A>(sum_k + c, sv, qv, first);
     }
-    for (c = 0; c + W <= D; c += W) put(dq + c, sv * simd::loadu<A>(kr + c), st_q);
+    for (c -= W; c >= 0; c -= W) {
+        const V qv = simd::loadu<A>(qr + c);
+        if (direct)
+            joined_put<A>(st.jk, dk + c, sv * qv, st_k, c == 0);
+        else
+            group_sum<A>(sum_k + c, sv, qv, first);
+    }
+    c = D - D % W;
     if (c < D) simd::store_partial(dq + c, sv * simd::load_partial<A>(kr + c, D - c), D - c);
+    for (c -= W; c >= 0; c -= W) joined_put<A>(st.jq, dq + c, sv * simd::loadu<A>(kr + c), st_q, c == 0);
     if (last && !direct) {
-        store_grad<A>(dk, sum_k, D, g.stream);
-        store_grad<A>(dvr, sum_v, dv, g.stream);
+        store_grad_down<A>(st.jk, dk, sum_k, D, g.stream);
+        store_grad_down<A>(st.jv, dvr, sum_v, dv, g.stream);
     }
 }
 
 // Position l of item b in the causal gradient scan: the per-head factors (rho of the local
 // suffix, w of the combination with `next`, e of the gates of pass 1) as vectors over the heads,
-// then head_step for each query head, a key/value head's group in order.
+// then head_step for each query head from the last down (walk_down's order), a key/value
+// head's group summed from its last query head to its first.
 template <class A>
 ATTNKIT_NOINLINE void position_step(const grad_problem& g, index_t b, index_t l, bool first, grad_states& st,
                                     const state_ref& next) {
@@ -457,7 +541,7 @@ ATTNKIT_NOINLINE void position_step(const grad_problem& g, index_t b, index_t l,
             store_heads<A>(st.e.data() + hh, simd::select(gv == V(-HUGE_VALF), V(0.0f), simd::exp(gv - m)), cnt);
         }
     }
-    for (index_t h = 0; h < nh; ++h) head_step<A>(g, b, l, h, h % G, h % G == G - 1, st, next);
+    for (index_t h = nh - 1; h >= 0; --h) head_step<A>(g, b, l, h, h % G == G - 1, h % G == 0, st, next);
 }
 
 // Hints for the rows of position l (the next one a descending scan reads): each position's rows
@@ -552,6 +636,7 @@ void run_backward_causal(grad_problem& g, thread_pool* pool, index_t C, index_t 
                         zero_token<A>(g, b, l, st);
                     }
                 }
+                for (line_joiner* j : {&st.jq, &st.jk, &st.jv}) flush<A>(*j);
             };
             if (nv == 0) {  // nothing visible: zero gradients, an empty suffix
                 for (index_t l = c0; l < c1; ++l) zero_token<A>(g, b, l, st);
