@@ -22,6 +22,8 @@
 // hidden threads: the product runs on the thread that calls it.
 #pragma once
 
+#include <cstdint>
+
 #include "attnkit/config.hpp"
 #include "attnkit/detail/gemm/kernel.hpp"
 #include "attnkit/simd/simd.hpp"
@@ -115,22 +117,44 @@ inline void gemm_blocks(const matrix_ref<const float>& a, const matrix_ref<const
     });
 }
 
+// One product C = op_a(A) op_b(B) (or +=) as a value, run on the calling thread by call().
+struct gemm_call {
+    matrix_ref<const float> a;
+    gemm_op op_a = gemm_op::none;
+    matrix_ref<const float> b;
+    gemm_op op_b = gemm_op::none;
+    matrix_ref<float> c;
+    gemm_mode mode = gemm_mode::assign;
+
+    void call() const { gemm(a, op_a, b, op_b, c, mode); }
+    // The number of blocks of C in a grid of block_rows x block_cols.
+    std::int64_t blocks(index_t block_rows, index_t block_cols) const {
+        if (c.rows <= 0 || c.cols <= 0) return 0;
+        return static_cast<std::int64_t>(((c.rows + block_rows - 1) / block_rows) *
+                                         ((c.cols + block_cols - 1) / block_cols));
+    }
+    // Block t of that grid, column-major (consecutive blocks share a slice of op(B)): the rows
+    // r0.. of op(A) and columns c0.. of op(B), wherever they lie in the stored matrices.
+    gemm_call block(index_t block_rows, index_t block_cols, std::int64_t t) const {
+        const index_t row_blocks = (c.rows + block_rows - 1) / block_rows;
+        const index_t r0 = (t % row_blocks) * block_rows, c0 = (t / row_blocks) * block_cols;
+        const index_t r1 = r0 + block_rows < c.rows ? r0 + block_rows : c.rows;
+        const index_t c1 = c0 + block_cols < c.cols ? c0 + block_cols : c.cols;
+        const bool ta = op_a == gemm_op::transpose, tb = op_b == gemm_op::transpose;
+        return {ta ? a.col_block(r0, r1) : a.row_block(r0, r1), op_a, tb ? b.row_block(c0, c1) : b.col_block(c0, c1),
+                op_b, c.row_block(r0, r1).col_block(c0, c1), mode};
+    }
+};
+
 // gemm_blocks with transposed operands (gemm_op): block (r0, c0) of C reads rows r0.. of op(A)
 // and columns c0.. of op(B), wherever they lie in the stored matrices.
 inline void gemm_blocks(const matrix_ref<const float>& a, gemm_op op_a, const matrix_ref<const float>& b,
                         gemm_op op_b, const matrix_ref<float>& c, thread_pool* pool, index_t block_rows,
                         index_t block_cols, gemm_mode mode = gemm_mode::assign) {
-    if (c.rows <= 0 || c.cols <= 0) return;
-    const index_t row_blocks = (c.rows + block_rows - 1) / block_rows;
-    const index_t col_blocks = (c.cols + block_cols - 1) / block_cols;
-    const bool ta = op_a == gemm_op::transpose, tb = op_b == gemm_op::transpose;
-    parallel_for(pool, row_blocks * col_blocks, [&](std::int64_t t) {
-        const index_t r0 = (t % row_blocks) * block_rows, c0 = (t / row_blocks) * block_cols;
-        const index_t r1 = r0 + block_rows < c.rows ? r0 + block_rows : c.rows;
-        const index_t c1 = c0 + block_cols < c.cols ? c0 + block_cols : c.cols;
-        gemm(ta ? a.col_block(r0, r1) : a.row_block(r0, r1), op_a, tb ? b.row_block(c0, c1) : b.col_block(c0, c1), op_b,
-             c.row_block(r0, r1).col_block(c0, c1), mode);
-    });
+    const gemm_call whole{a, op_a, b, op_b, c, mode};
+    if (whole.blocks(block_rows, block_cols) == 0) return;
+    parallel_for(pool, whole.blocks(block_rows, block_cols),
+                 [&](std::int64_t t) { whole.block(block_rows, block_cols, t).call(); });
 }
 
 // C = A B with C's rows split into fixed blocks over the pool.

@@ -9,9 +9,9 @@
 // The [rows, m] intermediates exist only slice by slice ([rows, slice] x 4, last-level cache
 // sized), never for the whole width: the forward's G and U are recomputed (two of the eight
 // products) rather than stored, as the API takes no saved activations. Transposed operands are
-// read in place (gemm_op). Each product runs on a fixed grid of C's blocks over the pool and the
-// blocks and slices follow in a fixed order, so the gradients are bitwise identical for any
-// thread count.
+// read in place (gemm_op). Each product is cut into a fixed grid of C's blocks (gemm_call), the
+// independent products of a slice share one task list over the pool, and the slices follow in
+// a fixed order, so the gradients are bitwise identical for any thread count.
 #pragma once
 
 #include <vector>
@@ -102,20 +102,41 @@ void gated_mlp_backward_run(const view<const float, R>& x, const view<const floa
             const index_t c1 = c0 + sw < m ? c0 + sw : m, w = c1 - c0;
             const matrix_ref<float> g{scratch.data(), rows, w, w}, u{g.data + rows * w, rows, w, w},
                 dz{u.data + rows * w, rows, w, w}, z{dz.data + rows * w, rows, w, w};
-            gemm_blocks(b.x, none, wg.col_block(c0, c1), none, g, pool, BR, w);
-            gemm_blocks(b.x, none, wu.col_block(c0, c1), none, u, pool, BR, w);
-            gemm_blocks(b.dout, none, wd.row_block(c0, c1), tr, dz, pool, BR, w);
+            // The products over the rows and the elementwise pass, a block of rows per task.
             parallel_for(pool, (rows + BR - 1) / BR, [&](std::int64_t t) {
-                const index_t r0 = t * BR, n = (r0 + BR < rows ? r0 + BR : rows) - r0;
-                silu_backward<A>(g.data + r0 * w, u.data + r0 * w, dz.data + r0 * w, z.data + r0 * w, n * w);
+                const index_t r0 = t * BR, r1 = r0 + BR < rows ? r0 + BR : rows;
+                gemm(b.x.row_block(r0, r1), none, wg.col_block(c0, c1), none, g.row_block(r0, r1));
+                gemm(b.x.row_block(r0, r1), none, wu.col_block(c0, c1), none, u.row_block(r0, r1));
+                gemm(b.dout.row_block(r0, r1), none, wd.row_block(c0, c1), tr, dz.row_block(r0, r1));
+                silu_backward<A>(g.data + r0 * w, u.data + r0 * w, dz.data + r0 * w, z.data + r0 * w, (r1 - r0) * w);
             });
+            // Then the weight gradients and d_x, which read only Z, dG and dU: all their blocks
+            // in one task list, d_x's row blocks (its two products in order) first, the larger
+            // tasks, so that the weight gradients' blocks even out the threads' ends. Two
+            // barriers per slice where one per product made eight, each a point where one thread
+            // waits for the other; each block is computed as gemm_blocks computes it, so the bits
+            // are the same (docs/benchmarks.md, "Gated MLP and StaticEmbQK backward").
             const matrix_ref<const float> gc{g.data, rows, w, w}, uc{u.data, rows, w, w}, zc{z.data, rows, w, w};
-            gemm_blocks(zc, tr, b.dout, none, dwd.row_block(c0, c1), pool, w, WR, first_block);
-            gemm_blocks(b.x, tr, gc, none, dwg.col_block(c0, c1), pool, WR, w, first_block);
-            gemm_blocks(b.x, tr, uc, none, dwu.col_block(c0, c1), pool, WR, w, first_block);
-            gemm_blocks(gc, none, wg.col_block(c0, c1), tr, b.dx, pool, BR, d,
-                        c0 == 0 ? gemm_mode::assign : gemm_mode::add);
-            gemm_blocks(uc, none, wu.col_block(c0, c1), tr, b.dx, pool, BR, d, gemm_mode::add);
+            const gemm_call dx_g{gc, none, wg.col_block(c0, c1), tr, b.dx, c0 == 0 ? gemm_mode::assign : gemm_mode::add};
+            const gemm_call dx_u{uc, none, wu.col_block(c0, c1), tr, b.dx, gemm_mode::add};
+            const gemm_call dw[3] = {{zc, tr, b.dout, none, dwd.row_block(c0, c1), first_block},
+                                     {b.x, tr, gc, none, dwg.col_block(c0, c1), first_block},
+                                     {b.x, tr, uc, none, dwu.col_block(c0, c1), first_block}};
+            const index_t dw_rows[3] = {w, WR, WR}, dw_cols[3] = {WR, w, w};
+            const std::int64_t n_dx = dx_g.blocks(BR, d);
+            std::int64_t n_dw[3];
+            for (int i = 0; i < 3; ++i) n_dw[i] = dw[i].blocks(dw_rows[i], dw_cols[i]);
+            parallel_for(pool, n_dx + n_dw[0] + n_dw[1] + n_dw[2], [&](std::int64_t t) {
+                if (t < n_dx) {
+                    dx_g.block(BR, d, t).call();
+                    dx_u.block(BR, d, t).call();
+                    return;
+                }
+                t -= n_dx;
+                int i = 0;
+                while (t >= n_dw[i]) t -= n_dw[i++];
+                dw[i].block(dw_rows[i], dw_cols[i], t).call();
+            });
         }
     }
 }
