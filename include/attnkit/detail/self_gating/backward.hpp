@@ -622,8 +622,10 @@ void run_backward_causal(grad_problem& g, thread_pool* pool, index_t C, index_t 
                 st.clear();
                 for (index_t l = c1 - 1; l >= c0; --l) {
                     if (grads && l < nv) {
+                        // No hints here: the rows are one descending stream per tensor, which the
+                        // hardware prefetchers follow; hints of the next position, in one burst or
+                        // spread over the heads, measured the same or slower (docs/benchmarks.md).
                         position_step<A>(g, b, l, l == c1 - 1, st, sn);
-                        if (l > c0) prefetch_position(g, b, l - 1, true);
                         continue;
                     }
                     suffix_step<A>(g, b, l, l == c1 - 1, st);
