@@ -2,6 +2,9 @@
 //
 //   ATTNKIT_ALWAYS_INLINE, ATTNKIT_NOINLINE, ATTNKIT_UNROLL, ATTNKIT_RESTRICT, ATTNKIT_PREFETCH(p),
 //   ATTNKIT_LIKELY(x), ATTNKIT_UNLIKELY(x)     portable spellings of compiler hints
+//   ATTNKIT_INLINE_LAMBDA                      the same as ATTNKIT_ALWAYS_INLINE for a lambda,
+//                                              after its parameter list: a loop body passed to a
+//                                              helper, which GCC at -O2 may leave as a call
 //   -DATTNKIT_SIMD_SCALAR                      force the one-lane portable SIMD path
 //   -DATTNKIT_EXTERN_KERNELS                   the kernels compiled once, elsewhere (below)
 //   attnkit::index_t                           the signed 64-bit size type of every shape
@@ -14,6 +17,7 @@
 
 #if defined(__GNUC__) || defined(__clang__)
 #define ATTNKIT_ALWAYS_INLINE inline __attribute__((always_inline))
+#define ATTNKIT_INLINE_LAMBDA __attribute__((always_inline))
 #define ATTNKIT_RESTRICT __restrict__
 #define ATTNKIT_PREFETCH(p) __builtin_prefetch(p)
 #define ATTNKIT_PREFETCH_L2(p) __builtin_prefetch(p, 0, 1)  // prefetcht2 on x86: the line to L2
@@ -29,6 +33,7 @@
 #define ATTNKIT_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
 #define ATTNKIT_ALWAYS_INLINE inline
+#define ATTNKIT_INLINE_LAMBDA
 #define ATTNKIT_RESTRICT
 #define ATTNKIT_LIKELY(x) (x)
 #define ATTNKIT_UNLIKELY(x) (x)

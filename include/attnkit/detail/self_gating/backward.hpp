@@ -209,14 +209,14 @@ ATTNKIT_NOINLINE void suffix_step(const grad_problem& g, index_t b, index_t l, b
         V acc0(0.0f), acc1(0.0f);
         walk_down<W>(
             dv,
-            [&](index_t c) {
+            [&](index_t c) ATTNKIT_INLINE_LAMBDA {
                 const V d1 = simd::loadu<A>(d + c + W), d0 = simd::loadu<A>(d + c);
                 simd::storeu(S + c + W, simd::fma(simd::loadu<A>(S + c + W), rv, d1 * av));
                 simd::storeu(S + c, simd::fma(simd::loadu<A>(S + c), rv, d0 * av));
                 acc1 = simd::fma(d1, simd::loadu<A>(o + c + W), acc1);
                 acc0 = simd::fma(d0, simd::loadu<A>(o + c), acc0);
             },
-            [&](index_t c, index_t n) {
+            [&](index_t c, index_t n) ATTNKIT_INLINE_LAMBDA {
                 const V d0 = simd::load_partial<A>(d + c, n);
                 simd::storeu(S + c, simd::fma(simd::loadu<A>(S + c), rv, d0 * av));
                 acc0 = simd::fma(d0, simd::load_partial<A>(o + c, n), acc0);
@@ -433,15 +433,19 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     float* sum_v = st.acc_v.data();
     float e = st.e[hs];
     if (g.lse) {
-        V q0(0.0f), q1(0.0f);
-        walk_down<W>(
-            D,
-            [&](index_t c) {
-                q1 = simd::fma(simd::loadu<A>(qr + c + W), simd::loadu<A>(kr + c + W), q1);
-                q0 = simd::fma(simd::loadu<A>(qr + c), simd::loadu<A>(kr + c), q0);
-            },
-            [&](index_t c, index_t n) { q0 = simd::fma(simd::load_partial<A>(qr + c, n), simd::load_partial<A>(kr + c, n), q0); });
-        const float gate = simd::hsum(q0 + q1) * p.scale;
+        // The gate, rows downwards in four chains: this dot heads each head's work, and two
+        // chains of a D = 128 dot wait on the FMA latency.
+        V q0(0.0f), q1(0.0f), q2(0.0f), q3(0.0f);
+        index_t c = D - D % W;
+        if (c < D) q0 = simd::fma(simd::load_partial<A>(qr + c, D - c), simd::load_partial<A>(kr + c, D - c), q0);
+        for (c -= W; c >= 3 * W; c -= 4 * W) {
+            q3 = simd::fma(simd::loadu<A>(qr + c), simd::loadu<A>(kr + c), q3);
+            q2 = simd::fma(simd::loadu<A>(qr + c - W), simd::loadu<A>(kr + c - W), q2);
+            q1 = simd::fma(simd::loadu<A>(qr + c - 2 * W), simd::loadu<A>(kr + c - 2 * W), q1);
+            q0 = simd::fma(simd::loadu<A>(qr + c - 3 * W), simd::loadu<A>(kr + c - 3 * W), q0);
+        }
+        for (; c >= 0; c -= W) q0 = simd::fma(simd::loadu<A>(qr + c), simd::loadu<A>(kr + c), q0);
+        const float gate = simd::hsum((q0 + q1) + (q2 + q3)) * p.scale;
         e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - g.at(g.mx, b, l)[h]);
     }
     const float a = g.at(g.inv, b, l)[h];
@@ -451,7 +455,7 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     V acc0(0.0f), acc1(0.0f), t0(0.0f), t1(0.0f);
     walk_down<W>(
         dv,
-        [&](index_t c) {
+        [&](index_t c) ATTNKIT_INLINE_LAMBDA {
             const V d1 = simd::loadu<A>(d + c + W), d0 = simd::loadu<A>(d + c);
             const V l1 = simd::fma(simd::loadu<A>(sl + c + W), rv, d1 * av), l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av);
             simd::storeu(sl + c + W, l1);
@@ -470,7 +474,7 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
                 group_sum<A>(sum_v + c, ev, s0, first);
             }
         },
-        [&](index_t c, index_t n) {
+        [&](index_t c, index_t n) ATTNKIT_INLINE_LAMBDA {
             const V d0 = simd::load_partial<A>(d + c, n);
             const V l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av);
             simd::storeu(sl + c, l0);
