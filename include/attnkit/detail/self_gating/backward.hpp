@@ -276,7 +276,7 @@ ATTNKIT_ALWAYS_INLINE void joined_put(line_joiner& j, float* dst, const simd::vf
         simd::storeu(dst, x);
         return;
     }
-    if (W == 8) {
+    if constexpr (W == 8) {
         if (j.dst) {
             float* held = j.dst;
             j.dst = nullptr;
@@ -298,7 +298,8 @@ ATTNKIT_ALWAYS_INLINE void joined_put(line_joiner& j, float* dst, const simd::vf
 
 template <class A>
 ATTNKIT_ALWAYS_INLINE void flush(line_joiner& j) {
-    if (j.dst && simd::kLanes<A> == 8) simd::stream_store(j.dst, simd::loadu<A>(j.x));
+    if constexpr (simd::kLanes<A> == 8)
+        if (j.dst) simd::stream_store(j.dst, simd::loadu<A>(j.x));
     j.dst = nullptr;
 }
 
