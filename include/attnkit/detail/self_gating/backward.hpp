@@ -38,9 +38,12 @@
 // A chunk always scans its own rows from zero (S_loc) and combines each row with the suffix of
 // the chunks after it, S_j = S_loc_j + exp(M_j - M_next) S_next (fix_suffix); so the arithmetic
 // is fixed by the shapes, and results are bitwise identical for any thread count. A chunk that
-// finds its successor's state published (always, with one thread) computes its gradients in one
-// scan and publishes at the end; one that does not first scans d_out and out alone (2 of the 5
-// streams) to publish its own state as soon as the successor's arrives, then does the full scan.
+// With one worker every chunk finds its successor's state published: it computes its gradients
+// in one scan and publishes at the end. With several, every chunk first scans d_out and out
+// alone (2 of the 5 streams) to publish its own state as soon as the successor's arrives, then
+// does the full scan (those rows then come from the cache). A chunk that did the full scan
+// first, because its successor happened to be ready, would publish only at its end and leave the
+// next chunk's thread waiting for most of a chunk (docs/benchmarks.md).
 #pragma once
 
 #include <algorithm>
@@ -651,7 +654,7 @@ void run_backward_causal(grad_problem& g, thread_pool* pool, index_t C, index_t 
                 suf.publish(b, t + 1);
                 continue;
             }
-            const bool direct = suf.ready_now(b, t);
+            const bool direct = workers == 1 && suf.ready_now(b, t);
             if (direct) {
                 scan(true);
             } else {
