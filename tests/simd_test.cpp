@@ -22,6 +22,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__) || defined(__APPLE__)
@@ -940,38 +941,43 @@ TYPED_TEST(Simd, Bfloat16PairLoadsSplitEvenAndOddElements) {
 
 // ---- streaming kernels (dot, stream_store) ---------------------------------------------------
 
-// dot over lengths around multiples of the 4-accumulator block (4W) and the lane width, at every
-// misalignment: to float rounding of the double dot, exact on small integers, and the same bits
-// on a second call (the summation order depends only on n and the arch).
+// dot and dot_down over lengths around multiples of the 4-accumulator block (4W) and the lane
+// width, at every misalignment: to float rounding of the double dot, exact on small integers,
+// and the same bits on a second call (the summation order depends only on n and the arch).
 TYPED_TEST(Simd, DotMatchesDoubleDot) {
     using A = TypeParam;
     const index_t w = W<A>;
-    std::mt19937 rng(23);
-    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-    std::vector<float> a(static_cast<std::size_t>(16 * w + 64)), b(a.size());
-    for (index_t n = 0; n <= 9 * w + 3; ++n) {
-        for (index_t off = 0; off < w; ++off) {
-            SCOPED_TRACE("n " + std::to_string(n) + " offset " + std::to_string(off));
-            for (std::size_t i = 0; i < a.size(); ++i) a[i] = dist(rng), b[i] = dist(rng);
-            const float* pa = a.data() + off;
-            const float* pb = b.data() + 2 * off;  // a and b misaligned differently
-            double want = 0, mag = 0;
-            for (index_t i = 0; i < n; ++i) {
-                want += static_cast<double>(pa[i]) * pb[i];
-                mag += std::fabs(static_cast<double>(pa[i]) * pb[i]);
+    using dot_fn = float (*)(const float*, const float*, index_t) noexcept;
+    const std::pair<dot_fn, const char*> fns[] = {{&simd::dot<A>, "dot"}, {&simd::dot_down<A>, "dot_down"}};
+    for (const auto& [dot, name] : fns) {
+        SCOPED_TRACE(name);
+        std::mt19937 rng(23);
+        std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+        std::vector<float> a(static_cast<std::size_t>(16 * w + 64)), b(a.size());
+        for (index_t n = 0; n <= 9 * w + 3; ++n) {
+            for (index_t off = 0; off < w; ++off) {
+                SCOPED_TRACE("n " + std::to_string(n) + " offset " + std::to_string(off));
+                for (std::size_t i = 0; i < a.size(); ++i) a[i] = dist(rng), b[i] = dist(rng);
+                const float* pa = a.data() + off;
+                const float* pb = b.data() + 2 * off;  // a and b misaligned differently
+                double want = 0, mag = 0;
+                for (index_t i = 0; i < n; ++i) {
+                    want += static_cast<double>(pa[i]) * pb[i];
+                    mag += std::fabs(static_cast<double>(pa[i]) * pb[i]);
+                }
+                const float got = dot(pa, pb, n);
+                ASSERT_NEAR(got, want, static_cast<double>(n + w) * kEps * mag);
+                ASSERT_TRUE(same_bits(dot(pa, pb, n), got));
             }
-            const float got = simd::dot<A>(pa, pb, n);
-            ASSERT_NEAR(got, want, static_cast<double>(n + w) * kEps * mag);
-            ASSERT_TRUE(same_bits(simd::dot<A>(pa, pb, n), got));
+            std::vector<float> x(static_cast<std::size_t>(n)), y(static_cast<std::size_t>(n));
+            double exact = 0;
+            for (index_t i = 0; i < n; ++i) {
+                x[static_cast<std::size_t>(i)] = static_cast<float>(i % 7) - 3.0f;
+                y[static_cast<std::size_t>(i)] = static_cast<float>(i % 5) + 1.0f;
+                exact += static_cast<double>(x[static_cast<std::size_t>(i)]) * y[static_cast<std::size_t>(i)];
+            }
+            EXPECT_EQ(dot(x.data(), y.data(), n), static_cast<float>(exact)) << "n " << n;
         }
-        std::vector<float> x(static_cast<std::size_t>(n)), y(static_cast<std::size_t>(n));
-        double exact = 0;
-        for (index_t i = 0; i < n; ++i) {
-            x[static_cast<std::size_t>(i)] = static_cast<float>(i % 7) - 3.0f;
-            y[static_cast<std::size_t>(i)] = static_cast<float>(i % 5) + 1.0f;
-            exact += static_cast<double>(x[static_cast<std::size_t>(i)]) * y[static_cast<std::size_t>(i)];
-        }
-        EXPECT_EQ(simd::dot<A>(x.data(), y.data(), n), static_cast<float>(exact)) << "n " << n;
     }
 }
 

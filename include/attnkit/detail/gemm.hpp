@@ -99,24 +99,6 @@ inline void gemm(const matrix_ref<const float>& a, gemm_op op_a, const matrix_re
 // enough that two threads share N = 512 rows evenly.
 constexpr index_t kGemmBlockRows = 256;
 
-// C = A B with C cut into a fixed grid of blocks (block_rows x block_cols, the last row and
-// column of blocks shorter), each block computed by one thread of the pool. Wide products want
-// column blocks too: a block re-packs only its own slice of B, and a slice of a few thousand
-// columns stays in the last-level cache while the block's rows stream past it.
-inline void gemm_blocks(const matrix_ref<const float>& a, const matrix_ref<const float>& b,
-                        const matrix_ref<float>& c, thread_pool* pool, index_t block_rows, index_t block_cols) {
-    if (c.rows <= 0 || c.cols <= 0) return;
-    const index_t row_blocks = (c.rows + block_rows - 1) / block_rows;
-    const index_t col_blocks = (c.cols + block_cols - 1) / block_cols;
-    // Column-major over the grid: consecutive tasks share a slice of B.
-    parallel_for(pool, row_blocks * col_blocks, [&](std::int64_t t) {
-        const index_t r0 = (t % row_blocks) * block_rows, c0 = (t / row_blocks) * block_cols;
-        const index_t r1 = r0 + block_rows < c.rows ? r0 + block_rows : c.rows;
-        const index_t c1 = c0 + block_cols < c.cols ? c0 + block_cols : c.cols;
-        gemm(a.row_block(r0, r1), b.col_block(c0, c1), c.row_block(r0, r1).col_block(c0, c1));
-    });
-}
-
 // One product C = op_a(A) op_b(B) (or +=) as a value, run on the calling thread by call().
 struct gemm_call {
     matrix_ref<const float> a;
@@ -146,15 +128,24 @@ struct gemm_call {
     }
 };
 
-// gemm_blocks with transposed operands (gemm_op): block (r0, c0) of C reads rows r0.. of op(A)
-// and columns c0.. of op(B), wherever they lie in the stored matrices.
+// C = op_a(A) op_b(B) (or +=) cut into gemm_call's fixed grid of blocks of C, each block
+// computed by one thread of the pool: block (r0, c0) reads rows r0.. of op(A) and columns c0..
+// of op(B), wherever they lie in the stored matrices.
 inline void gemm_blocks(const matrix_ref<const float>& a, gemm_op op_a, const matrix_ref<const float>& b,
                         gemm_op op_b, const matrix_ref<float>& c, thread_pool* pool, index_t block_rows,
                         index_t block_cols, gemm_mode mode = gemm_mode::assign) {
     const gemm_call whole{a, op_a, b, op_b, c, mode};
-    if (whole.blocks(block_rows, block_cols) == 0) return;
-    parallel_for(pool, whole.blocks(block_rows, block_cols),
-                 [&](std::int64_t t) { whole.block(block_rows, block_cols, t).call(); });
+    const std::int64_t n = whole.blocks(block_rows, block_cols);
+    if (n > 0) parallel_for(pool, n, [&](std::int64_t t) { whole.block(block_rows, block_cols, t).call(); });
+}
+
+// C = A B with C cut into a fixed grid of blocks (block_rows x block_cols, the last row and
+// column of blocks shorter), each block computed by one thread of the pool. Wide products want
+// column blocks too: a block re-packs only its own slice of B, and a slice of a few thousand
+// columns stays in the last-level cache while the block's rows stream past it.
+inline void gemm_blocks(const matrix_ref<const float>& a, const matrix_ref<const float>& b,
+                        const matrix_ref<float>& c, thread_pool* pool, index_t block_rows, index_t block_cols) {
+    gemm_blocks(a, gemm_op::none, b, gemm_op::none, c, pool, block_rows, block_cols);
 }
 
 // C = A B with C's rows split into fixed blocks over the pool.

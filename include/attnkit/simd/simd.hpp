@@ -250,6 +250,27 @@ inline float dot(const float* a, const float* b, index_t n) noexcept {
     return hsum((s0 + s1) + (s2 + s3));
 }
 
+// dot's downward twin: the same four accumulators, the vectors taken from the top of the rows
+// down (the partial one first), for a scan that reads its rows from their ends (the
+// self-gating backward's descending walk, detail/self_gating/backward.hpp). The order again
+// depends only on n and the arch.
+template <class A>
+inline float dot_down(const float* a, const float* b, index_t n) noexcept {
+    using V = vfloat<A>;
+    constexpr index_t W = kLanes<A>;
+    V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
+    index_t i = n - n % W;
+    if (i < n) s0 = fma(load_partial<A>(a + i, n - i), load_partial<A>(b + i, n - i), s0);
+    for (i -= W; i >= 3 * W; i -= 4 * W) {
+        s3 = fma(loadu<A>(a + i), loadu<A>(b + i), s3);
+        s2 = fma(loadu<A>(a + i - W), loadu<A>(b + i - W), s2);
+        s1 = fma(loadu<A>(a + i - 2 * W), loadu<A>(b + i - 2 * W), s1);
+        s0 = fma(loadu<A>(a + i - 3 * W), loadu<A>(b + i - 3 * W), s0);
+    }
+    for (; i >= 0; i -= W) s0 = fma(loadu<A>(a + i), loadu<A>(b + i), s0);
+    return hsum((s0 + s1) + (s2 + s3));
+}
+
 // True when a full vector store at p may bypass the cache (stream_store below): p is aligned to
 // the vector size. Checked at run time on the caller's pointer, never assumed.
 template <class A>

@@ -437,19 +437,9 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     float* sum_v = st.acc_v.data();
     float e = st.e[hs];
     if (g.lse) {
-        // The gate, rows downwards in four chains: this dot heads each head's work, and two
-        // chains of a D = 128 dot wait on the FMA latency.
-        V q0(0.0f), q1(0.0f), q2(0.0f), q3(0.0f);
-        index_t c = D - D % W;
-        if (c < D) q0 = simd::fma(simd::load_partial<A>(qr + c, D - c), simd::load_partial<A>(kr + c, D - c), q0);
-        for (c -= W; c >= 3 * W; c -= 4 * W) {
-            q3 = simd::fma(simd::loadu<A>(qr + c), simd::loadu<A>(kr + c), q3);
-            q2 = simd::fma(simd::loadu<A>(qr + c - W), simd::loadu<A>(kr + c - W), q2);
-            q1 = simd::fma(simd::loadu<A>(qr + c - 2 * W), simd::loadu<A>(kr + c - 2 * W), q1);
-            q0 = simd::fma(simd::loadu<A>(qr + c - 3 * W), simd::loadu<A>(kr + c - 3 * W), q0);
-        }
-        for (; c >= 0; c -= W) q0 = simd::fma(simd::loadu<A>(qr + c), simd::loadu<A>(kr + c), q0);
-        const float gate = simd::hsum((q0 + q1) + (q2 + q3)) * p.scale;
+        // The gate, its rows read downwards like every other row here (four chains: this dot
+        // heads each head's work, and two chains of a D = 128 dot wait on the FMA latency).
+        const float gate = simd::dot_down<A>(qr, kr, D) * p.scale;
         e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - g.at(g.mx, b, l)[h]);
     }
     const float a = g.at(g.inv, b, l)[h];
