@@ -96,7 +96,7 @@ struct grad_problem {
 // a line, where Eigen places a large tensor with AVX), each row shares its lowest line with the
 // top of the row below it, which the scan writes next: the row's last half-line is held back
 // and streamed right after its partner, so that the line leaves the write-combining buffer
-// whole. Two half-lines streamed apart cost the scan about a third more time on a Zen 3 core
+// whole: two half-lines streamed apart made the scan markedly slower on a Zen 3 core
 // (docs/benchmarks.md). A held vector is written at the tensor's next store whatever that is,
 // and by flush() at the end of a chunk.
 struct line_joiner {
