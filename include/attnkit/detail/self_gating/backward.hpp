@@ -50,6 +50,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "attnkit/detail/self_gating/driver.hpp"
@@ -174,8 +175,9 @@ ATTNKIT_NOINLINE void row_stats(grad_problem& g, index_t b, states& st) {
 }
 
 // Visits the W-lane vectors of a row of n floats from the top down: the vectors past the last
-// whole pair first (single(c, lanes), highest first), then the pairs (pair(c) for c, c + W),
-// highest first. Pass 2 runs from the last position to the first, and a row is stored after the
+// whole pair first (single(c, lanes), highest first), then the pairs (pair(c, edge) for c,
+// c + W), highest first; `edge` is std::true_type for the top pair and the pair at 0 (where a
+// gradient row's stores meet its neighbours', put_row_down) and std::false_type between. Pass 2 runs from the last position to the first, and a row is stored after the
 // next position's rows in memory; walking each position's rows (and its heads) downwards as
 // well makes every tensor one descending stream, which the hardware prefetchers follow across
 // rows, where rows read upwards inside a descending scan restart them at every row
@@ -186,7 +188,11 @@ ATTNKIT_ALWAYS_INLINE void walk_down(index_t n, Pair&& pair, Single&& single) {
     const index_t pe = n - n % (2 * W);
     if (n > pe)
         for (index_t c = pe + (n - pe - 1) / W * W; c >= pe; c -= W) single(c, std::min(W, n - c));
-    for (index_t c = pe - 2 * W; c >= 0; c -= 2 * W) pair(c);
+    index_t c = pe - 2 * W;
+    if (c < 0) return;
+    pair(c, std::true_type{});
+    for (c -= 2 * W; c > 0; c -= 2 * W) pair(c, std::false_type{});
+    if (c == 0) pair(c, std::true_type{});
 }
 
 // The local suffix of row l of item b: sl = sl exp(M_l - M_{l+1}) + a_l dO_l and likewise rl
@@ -212,7 +218,7 @@ ATTNKIT_NOINLINE void suffix_step(const grad_problem& g, index_t b, index_t l, b
         V acc0(0.0f), acc1(0.0f);
         walk_down<W>(
             dv,
-            [&](index_t c) ATTNKIT_INLINE_LAMBDA {
+            [&](index_t c, auto) ATTNKIT_INLINE_LAMBDA {
                 const V d1 = simd::loadu<A>(d + c + W), d0 = simd::loadu<A>(d + c);
                 simd::storeu(S + c + W, simd::fma(simd::loadu<A>(S + c + W), rv, d1 * av));
                 simd::storeu(S + c, simd::fma(simd::loadu<A>(S + c), rv, d0 * av));
@@ -306,14 +312,40 @@ ATTNKIT_ALWAYS_INLINE void flush(line_joiner& j) {
     j.dst = nullptr;
 }
 
+// The full vectors of a gradient row from `top` down to 0, value(c) giving the one at dst + c:
+// streamed where `stream` (the row passed stream_aligned), stored otherwise. Only the row's two
+// ends go through the joiner: a held half-line can only be the partner of the row's first store,
+// and only its last store can be held, so the stores between stream straight (the joiner's test
+// on every store cost a quarter of the scan's instructions).
+template <class A, class F>
+ATTNKIT_ALWAYS_INLINE void put_row_down(line_joiner& j, float* dst, index_t top, bool stream, F&& value) {
+    constexpr index_t W = simd::kLanes<A>;
+    if (top < 0) return;
+    if (!stream) {
+        for (index_t c = top; c >= 0; c -= W) simd::storeu(dst + c, value(c));
+        return;
+    }
+    joined_put<A>(j, dst + top, value(top), true, top == 0);
+    index_t c = top - W;
+    for (; c > W; c -= 2 * W) {  // two a step: the loop's own instructions count on this path
+        simd::stream_store(dst + c, value(c));
+        simd::stream_store(dst + c - W, value(c - W));
+    }
+    if (c == W) {
+        simd::stream_store(dst + c, value(c));
+        c = 0;
+    }
+    if (c == 0) joined_put<A>(j, dst, value(0), true, true);
+}
+
 // store_grad's downward form for the causal scan: n floats of x at dst, through the joiner.
 template <class A>
 ATTNKIT_ALWAYS_INLINE void store_grad_down(line_joiner& j, float* dst, const float* x, index_t n, bool stream) {
     constexpr index_t W = simd::kLanes<A>;
-    const bool st = stream && simd::stream_aligned<A>(dst);
-    index_t c = n - n % W;
+    const index_t c = n - n % W;
     if (c < n) simd::store_partial(dst + c, simd::loadu<A>(x + c), n - c);
-    for (c -= W; c >= 0; c -= W) joined_put<A>(j, dst + c, simd::loadu<A>(x + c), st, c == 0);
+    put_row_down<A>(j, dst, c - W, stream && simd::stream_aligned<A>(dst),
+                    [&](index_t i) ATTNKIT_INLINE_LAMBDA { return simd::loadu<A>(x + i); });
 }
 
 // Zero gradients of token l of item b (masked: no row sees it).
@@ -408,6 +440,14 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
     }
 }
 
+// The rows of one position at head 0 (a head's rows are its index times the head stride past
+// them, paged or not), and its rows' statistics: computed once for all heads.
+struct position_rows {
+    const float *q, *k, *v, *d, *o;
+    float *dq, *dk, *dv;
+    const float *m, *a;
+};
+
 // One query head's gradients at a position, in three passes over its rows instead of
 // suffix_step, fix_suffix and token_grads' six: the gate from q and k; the local suffix of the
 // row, its combination with the chunks after it, <v, S> and e S in one pass over d_out, out, v
@@ -417,20 +457,20 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
 // into d_k and d_v from its last query head down to its first (`first`: the first one summed,
 // `last`: the last one, after which the sums are stored); with one query head per key/value head
 // (first && last) d_k and d_v go straight to their rows.
-template <class A>
-ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l, index_t h, bool first, bool last,
+template <class A, bool Direct>
+ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, const position_rows& pr, index_t h, bool first, bool last,
                                      grad_states& st, const state_ref& next) {
     using V = simd::vfloat<A>;
     constexpr index_t W = simd::kLanes<A>;
     const problem& p = g.fw;
     const index_t D = p.dim, dv = p.dim_v, dvp = p.dim_vp, hk = h / p.group;
-    const bool direct = first && last;
+    constexpr bool direct = Direct;  // first && last: one query head per key/value head
     const std::size_t hs = static_cast<std::size_t>(h);
-    const float* qr = p.q.row(b, l, h);
-    const float* kr = p.k.row(b, l, hk);
-    const float* vr = p.v.row(b, l, hk);
-    const float* d = g.dout.row(b, l, h);
-    const float* o = g.o.row(b, l, h);
+    const float* qr = pr.q + h * p.q.sh;
+    const float* kr = pr.k + hk * p.k.sh;
+    const float* vr = pr.v + hk * p.v.sh;
+    const float* d = pr.d + h * g.dout.sh;
+    const float* o = pr.o + h * g.o.sh;
     float* sl = st.sl.data() + h * dvp;
     const float* sn = next.n + h * dvp;
     float* sum_k = st.acc_k.data();
@@ -440,16 +480,16 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
         // The gate, its rows read downwards like every other row here (four chains: this dot
         // heads each head's work, and two chains of a D = 128 dot wait on the FMA latency).
         const float gate = simd::dot_down<A>(qr, kr, D) * p.scale;
-        e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - g.at(g.mx, b, l)[h]);
+        e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - pr.m[h]);
     }
-    const float a = g.at(g.inv, b, l)[h];
+    const float a = pr.a[h];
     const V av(a), rv(st.rho[hs]), wv(st.w[hs]), ev(e);
-    float* dvr = g.dv.row(b, l, hk);
+    float* dvr = pr.dv + hk * g.dv.sh;
     const bool st_v = g.stream && simd::stream_aligned<A>(dvr);
     V acc0(0.0f), acc1(0.0f), t0(0.0f), t1(0.0f);
     walk_down<W>(
         dv,
-        [&](index_t c) ATTNKIT_INLINE_LAMBDA {
+        [&](index_t c, auto edge) ATTNKIT_INLINE_LAMBDA {
             const V d1 = simd::loadu<A>(d + c + W), d0 = simd::loadu<A>(d + c);
             const V l1 = simd::fma(simd::loadu<A>(sl + c + W), rv, d1 * av), l0 = simd::fma(simd::loadu<A>(sl + c), rv, d0 * av);
             simd::storeu(sl + c + W, l1);
@@ -459,13 +499,20 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
             const V s1 = simd::fma(simd::loadu<A>(sn + c + W), wv, l1), s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0);
             t1 = simd::fma(simd::loadu<A>(vr + c + W), s1, t1);
             t0 = simd::fma(simd::loadu<A>(vr + c), s0, t0);
-            // e S into d_v's row (one query head) or into the group's sum (several).
-            if (direct) {
-                joined_put<A>(st.jv, dvr + c + W, ev * s1, st_v, false);
-                joined_put<A>(st.jv, dvr + c, ev * s0, st_v, c == 0);
-            } else {
+            // e S into d_v's row (one query head) or into the group's sum (several); the row's
+            // stores go through its joiner at its ends only (walk_down's edge, as put_row_down).
+            if constexpr (!direct) {
                 group_sum<A>(sum_v + c + W, ev, s1, first);
                 group_sum<A>(sum_v + c, ev, s0, first);
+            } else if constexpr (decltype(edge)::value) {
+                joined_put<A>(st.jv, dvr + c + W, ev * s1, st_v, false);
+                joined_put<A>(st.jv, dvr + c, ev * s0, st_v, c == 0);
+            } else if (st_v) {
+                simd::stream_store(dvr + c + W, ev * s1);
+                simd::stream_store(dvr + c, ev * s0);
+            } else {
+                simd::storeu(dvr + c + W, ev * s1);
+                simd::storeu(dvr + c, ev * s0);
             }
         },
         [&](index_t c, index_t n) ATTNKIT_INLINE_LAMBDA {
@@ -475,7 +522,7 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
             acc0 = simd::fma(d0, simd::load_partial<A>(o + c, n), acc0);
             const V s0 = simd::fma(simd::loadu<A>(sn + c), wv, l0);
             t0 = simd::fma(simd::load_partial<A>(vr + c, n), s0, t0);
-            if (!direct)
+            if constexpr (!direct)
                 group_sum<A>(sum_v + c, ev, s0, first);
             else if (n == W)
                 joined_put<A>(st.jv, dvr + c, ev * s0, st_v, c == 0);
@@ -487,8 +534,8 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     const float r = std::fma(next.z[h], st.w[hs], rl);
     const float sd = p.scale * (e * (simd::hsum(t0 + t1) - r));
     const V sv(sd);
-    float* dq = g.dq.row(b, l, h);
-    float* dk = g.dk.row(b, l, hk);
+    float* dq = pr.dq + h * g.dq.sh;
+    float* dk = pr.dk + hk * g.dk.sh;
     const bool st_q = g.stream && simd::stream_aligned<A>(dq), st_k = g.stream && simd::stream_aligned<A>(dk);
     // One row after the other: streaming stores to two rows in turn keep two write-combining
     // buffers open at once, which made the whole call slower on a Zen 3 core
@@ -496,22 +543,19 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, index_t b, index_t l
     index_t c = D - D % W;
     if (c < D) {
         const V qv = simd::load_partial<A>(qr + c, D - c);
-        if (direct)
+        if constexpr (direct)
             simd::store_partial(dk + c, sv * qv, D - c);
         else
             group_sum<A>(sum_k + c, sv, qv, first);
     }
-    for (c -= W; c >= 0; c -= W) {
-        const V qv = simd::loadu<A>(qr + c);
-        if (direct)
-            joined_put<A>(st.jk, dk + c, sv * qv, st_k, c == 0);
-        else
-            group_sum<A>(sum_k + c, sv, qv, first);
-    }
+    if constexpr (direct)
+        put_row_down<A>(st.jk, dk, c - W, st_k, [&](index_t i) ATTNKIT_INLINE_LAMBDA { return sv * simd::loadu<A>(qr + i); });
+    else
+        for (c -= W; c >= 0; c -= W) group_sum<A>(sum_k + c, sv, simd::loadu<A>(qr + c), first);
     c = D - D % W;
     if (c < D) simd::store_partial(dq + c, sv * simd::load_partial<A>(kr + c, D - c), D - c);
-    for (c -= W; c >= 0; c -= W) joined_put<A>(st.jq, dq + c, sv * simd::loadu<A>(kr + c), st_q, c == 0);
-    if (last && !direct) {
+    put_row_down<A>(st.jq, dq, c - W, st_q, [&](index_t i) ATTNKIT_INLINE_LAMBDA { return sv * simd::loadu<A>(kr + i); });
+    if (!direct && last) {
         store_grad_down<A>(st.jk, dk, sum_k, D, g.stream);
         store_grad_down<A>(st.jv, dvr, sum_v, dv, g.stream);
     }
@@ -539,7 +583,13 @@ ATTNKIT_NOINLINE void position_step(const grad_problem& g, index_t b, index_t l,
             store_heads<A>(st.e.data() + hh, simd::select(gv == V(-HUGE_VALF), V(0.0f), simd::exp(gv - m)), cnt);
         }
     }
-    for (index_t h = nh - 1; h >= 0; --h) head_step<A>(g, b, l, h, h % G == G - 1, h % G == 0, st, next);
+    const position_rows pr{p.q.row(b, l, 0),    p.k.row(b, l, 0),    p.v.row(b, l, 0),    g.dout.row(b, l, 0),
+                           g.o.row(b, l, 0),    g.dq.row(b, l, 0),   g.dk.row(b, l, 0),   g.dv.row(b, l, 0),
+                           M,                   g.at(g.inv, b, l)};
+    if (G == 1)
+        for (index_t h = nh - 1; h >= 0; --h) head_step<A, true>(g, pr, h, true, true, st, next);
+    else
+        for (index_t h = nh - 1; h >= 0; --h) head_step<A, false>(g, pr, h, h % G == G - 1, h % G == 0, st, next);
 }
 
 // Hints for the rows of position l (the next one a descending scan reads): each position's rows
