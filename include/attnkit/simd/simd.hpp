@@ -255,7 +255,7 @@ inline float dot(const float* a, const float* b, index_t n) noexcept {
 // self-gating backward's descending walk, detail/self_gating/backward.hpp). The order again
 // depends only on n and the arch.
 template <class A>
-inline float dot_down(const float* a, const float* b, index_t n) noexcept {
+ATTNKIT_ALWAYS_INLINE float dot_down(const float* a, const float* b, index_t n) noexcept {
     using V = vfloat<A>;
     constexpr index_t W = kLanes<A>;
     V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);

@@ -480,7 +480,11 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, const position_rows&
         // The gate, its rows read downwards like every other row here (four chains: this dot
         // heads each head's work, and two chains of a D = 128 dot wait on the FMA latency).
         const float gate = simd::dot_down<A>(qr, kr, D) * p.scale;
-        e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - pr.m[h]);
+        // The vector exponential on one lane: libm's expf is a call, and around it the live
+        // vectors are saved and the upper halves cleared (vzeroupper).
+        float ex[W];
+        simd::storeu(ex, simd::exp(V(gate - pr.m[h])));
+        e = gate == -HUGE_VALF ? 0.0f : ex[0];
     }
     const float a = pr.a[h];
     const V av(a), rv(st.rho[hs]), wv(st.w[hs]), ev(e);
@@ -586,7 +590,7 @@ ATTNKIT_NOINLINE void position_step(const grad_problem& g, index_t b, index_t l,
     const position_rows pr{p.q.row(b, l, 0),    p.k.row(b, l, 0),    p.v.row(b, l, 0),    g.dout.row(b, l, 0),
                            g.o.row(b, l, 0),    g.dq.row(b, l, 0),   g.dk.row(b, l, 0),   g.dv.row(b, l, 0),
                            M,                   g.at(g.inv, b, l)};
-    if (G == 1)
+    if (G == 1)  // one query head per key/value head: its own instance, without the group sums
         for (index_t h = nh - 1; h >= 0; --h) head_step<A, true>(g, pr, h, true, true, st, next);
     else
         for (index_t h = nh - 1; h >= 0; --h) head_step<A, false>(g, pr, h, h % G == G - 1, h % G == 0, st, next);
