@@ -409,14 +409,17 @@ TEST(self_gating_attention_backward, strided_views_equal_dense) {
 // below it comes (detail/self_gating/backward.hpp, line_joiner): a half dropped, written to the
 // wrong place or left unwritten at the end of a chunk shows here as a NaN or a moved value.
 // Causal (the joined stores) and not, MHA and GQA (the group sums' stores), D a multiple of the
-// lane width and not, masked tokens (their zero rows) after key_lengths.
+// lane width and not, an odd number of whole vectors per row under 8 and 16 lanes (D 120: the
+// row's stores between its ends go two a step, and one is left over), masked tokens (their zero
+// rows) after key_lengths. The dense call's gradients start as NaN and must all be written.
 TEST(self_gating_attention_backward, gradient_placement_changes_no_bits) {
     struct shape_case {
         index_t H, Hk, D;
     };
     const index_t B = 1, L = 1100;
     for (bool causal : {true, false})
-        for (const shape_case sc : {shape_case{4, 4, 128}, shape_case{4, 2, 128}, shape_case{4, 4, 100}}) {
+        for (const shape_case sc :
+             {shape_case{4, 4, 128}, shape_case{4, 2, 128}, shape_case{4, 4, 100}, shape_case{4, 4, 120}}) {
             const index_t H = sc.H, Hk = sc.Hk, D = sc.D;
             SCOPED_TRACE(std::string(causal ? "causal" : "full") + " H " + std::to_string(H) + " Hk " +
                          std::to_string(Hk) + " D " + std::to_string(D));
@@ -431,6 +434,9 @@ TEST(self_gating_attention_backward, gradient_placement_changes_no_bits) {
             tensor3<float> lse = make_lse<float>(B, L, H, kNaN);
             attnkit::self_gating_attention(q, k, v, out, lse, o);
             const grads want = run_fast(q, k, v, dout, o, nullptr, true);
+            for (const tensor4<float>* w : {&want.dq, &want.dk, &want.dv})
+                for (index_t i = 0; i < w->size(); ++i)
+                    ASSERT_TRUE(std::isfinite(w->data()[i])) << "a gradient element left unwritten at " << i;
             for (index_t pad : {index_t(0), index_t(8)})
                 for (index_t offset : {index_t(0), index_t(4), index_t(8), index_t(12)}) {
                     SCOPED_TRACE("rows " + std::to_string(pad) + " floats apart, " + std::to_string(4 * offset) +
