@@ -29,15 +29,14 @@
 // local suffix, its combination with the later chunks and the token's gradients in three passes
 // over a query head's rows, where suffix_step, fix_suffix and token_grads (kept for the
 // non-causal form and the state-only scan) take six and go through buffers in between. Same
-// operations on the same operands, so the same bits; on an AVX2 core with the rows in cache
-// (MHA) it is 1.6x faster (docs/benchmarks.md).
+// operations on the same operands, so the same bits, and faster (docs/benchmarks.md).
 //
 // Threads in pass 2 (causal): the forward's chunks of chunk_len() positions, taken from the
 // right, and its decoupled look-back (driver.hpp's prefix_table, here holding suffix states: slot
 // t of an item is the state of its last t chunks, at the reference M of the first row it covers).
 // A chunk always scans its own rows from zero (S_loc) and combines each row with the suffix of
 // the chunks after it, S_j = S_loc_j + exp(M_j - M_next) S_next (fix_suffix); so the arithmetic
-// is fixed by the shapes, and results are bitwise identical for any thread count. A chunk that
+// is fixed by the shapes, and results are bitwise identical for any thread count.
 // With one worker every chunk finds its successor's state published: it computes its gradients
 // in one scan and publishes at the end. With several, every chunk first scans d_out and out
 // alone (2 of the 5 streams) to publish its own state as soon as the successor's arrives, then
@@ -98,8 +97,8 @@ struct grad_problem {
 // top of the row below it, which the scan writes next: the row's last half-line is held back
 // and streamed right after its partner, so that the line leaves the write-combining buffer
 // whole: two half-lines streamed apart made the scan markedly slower on a Zen 3 core
-// (docs/benchmarks.md). A held vector is written at the tensor's next store whatever that is,
-// and by flush() at the end of a chunk.
+// (docs/benchmarks.md). A held vector is written at the tensor's next store through the joiner
+// (a row's first or last full vector: put_row_down), and by flush() at the end of a chunk.
 struct line_joiner {
     float* dst = nullptr;
     float x[8];  // one 32-byte vector: only those split a line in halves
@@ -177,8 +176,9 @@ ATTNKIT_NOINLINE void row_stats(grad_problem& g, index_t b, states& st) {
 // Visits the W-lane vectors of a row of n floats from the top down: the vectors past the last
 // whole pair first (single(c, lanes), highest first), then the pairs (pair(c, edge) for c,
 // c + W), highest first; `edge` is std::true_type for the top pair and the pair at 0 (where a
-// gradient row's stores meet its neighbours', put_row_down) and std::false_type between. Pass 2 runs from the last position to the first, and a row is stored after the
-// next position's rows in memory; walking each position's rows (and its heads) downwards as
+// gradient row's stores meet its neighbours', put_row_down) and std::false_type between.
+// Pass 2 runs from the last position to the first, and a row is stored after the next
+// position's rows in memory; walking each position's rows (and its heads) downwards as
 // well makes every tensor one descending stream, which the hardware prefetchers follow across
 // rows, where rows read upwards inside a descending scan restart them at every row
 // (docs/benchmarks.md, "Self-gating and static QK backward"). Every dot of a row (suffix_step's
@@ -315,8 +315,8 @@ ATTNKIT_ALWAYS_INLINE void flush(line_joiner& j) {
 // The full vectors of a gradient row from `top` down to 0, value(c) giving the one at dst + c:
 // streamed where `stream` (the row passed stream_aligned), stored otherwise. Only the row's two
 // ends go through the joiner: a held half-line can only be the partner of the row's first store,
-// and only its last store can be held, so the stores between stream straight (the joiner's test
-// on every store cost a quarter of the scan's instructions).
+// and only its last store can be held, so the stores between stream straight, without the
+// joiner's test (docs/benchmarks.md, the scan's instruction count).
 template <class A, class F>
 ATTNKIT_ALWAYS_INLINE void put_row_down(line_joiner& j, float* dst, index_t top, bool stream, F&& value) {
     constexpr index_t W = simd::kLanes<A>;
@@ -327,7 +327,7 @@ ATTNKIT_ALWAYS_INLINE void put_row_down(line_joiner& j, float* dst, index_t top,
     }
     joined_put<A>(j, dst + top, value(top), true, top == 0);
     index_t c = top - W;
-    for (; c > W; c -= 2 * W) {  // two a step: the loop's own instructions count on this path
+    for (; c > W; c -= 2 * W) {  // two a step: fewer loop instructions per store
         simd::stream_store(dst + c, value(c));
         simd::stream_store(dst + c - W, value(c - W));
     }
@@ -412,7 +412,9 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
                 // every q and k row of the position before any other work (docs/benchmarks.md,
                 // "The backward from the forward's lse").
                 const float gate = simd::dot<A>(qr, kr, D) * p.scale;
-                e = gate == -HUGE_VALF ? 0.0f : std::exp(gate - M[h]);
+                float ex[W];  // head_step's exponential
+                simd::storeu(ex, simd::exp(V(gate - M[h])));
+                e = gate == -HUGE_VALF ? 0.0f : ex[0];
             }
             const float sd = p.scale * (e * (simd::hsum(t0 + t1) - st.r[static_cast<std::size_t>(h)]));
             const V ev(e), sv(sd);
@@ -456,7 +458,7 @@ struct position_rows {
 // look-back's scan (suffix_step) publishes the same bits. A key/value head's group is summed
 // into d_k and d_v from its last query head down to its first (`first`: the first one summed,
 // `last`: the last one, after which the sums are stored); with one query head per key/value head
-// (first && last) d_k and d_v go straight to their rows.
+// (Direct, its own instance) d_k and d_v go straight to their rows.
 template <class A, bool Direct>
 ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, const position_rows& pr, index_t h, bool first, bool last,
                                      grad_states& st, const state_ref& next) {
@@ -480,8 +482,10 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, const position_rows&
         // The gate, its rows read downwards like every other row here (four chains: this dot
         // heads each head's work, and two chains of a D = 128 dot wait on the FMA latency).
         const float gate = simd::dot_down<A>(qr, kr, D) * p.scale;
-        // The vector exponential on one lane: libm's expf is a call, and around it the live
-        // vectors are saved and the upper halves cleared (vzeroupper).
+        // The vector exponential on one lane, as the forward's: libm's expf is a call, and around
+        // it the live vectors are saved and the upper halves cleared (vzeroupper). It differs
+        // from expf by rounding, and is 0 below e^-87 where expf is subnormal; token_grads (the
+        // form without the causal mask) takes the same one.
         float ex[W];
         simd::storeu(ex, simd::exp(V(gate - pr.m[h])));
         e = gate == -HUGE_VALF ? 0.0f : ex[0];
@@ -553,12 +557,14 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, const position_rows&
             group_sum<A>(sum_k + c, sv, qv, first);
     }
     if constexpr (direct)
-        put_row_down<A>(st.jk, dk, c - W, st_k, [&](index_t i) ATTNKIT_INLINE_LAMBDA { return sv * simd::loadu<A>(qr + i); });
+        put_row_down<A>(st.jk, dk, c - W, st_k,
+                        [&](index_t i) ATTNKIT_INLINE_LAMBDA { return sv * simd::loadu<A>(qr + i); });
     else
         for (c -= W; c >= 0; c -= W) group_sum<A>(sum_k + c, sv, simd::loadu<A>(qr + c), first);
     c = D - D % W;
     if (c < D) simd::store_partial(dq + c, sv * simd::load_partial<A>(kr + c, D - c), D - c);
-    put_row_down<A>(st.jq, dq, c - W, st_q, [&](index_t i) ATTNKIT_INLINE_LAMBDA { return sv * simd::loadu<A>(kr + i); });
+    put_row_down<A>(st.jq, dq, c - W, st_q,
+                    [&](index_t i) ATTNKIT_INLINE_LAMBDA { return sv * simd::loadu<A>(kr + i); });
     if (!direct && last) {
         store_grad_down<A>(st.jk, dk, sum_k, D, g.stream);
         store_grad_down<A>(st.jv, dvr, sum_v, dv, g.stream);
