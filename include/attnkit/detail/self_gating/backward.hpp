@@ -348,6 +348,17 @@ ATTNKIT_ALWAYS_INLINE void store_grad_down(line_joiner& j, float* dst, const flo
                     [&](index_t i) ATTNKIT_INLINE_LAMBDA { return simd::loadu<A>(x + i); });
 }
 
+// A token's weight e = exp(gate - m) given its gate (0 for a gate of -inf, which weighs
+// nothing), by the vector exponential on one lane, as the forward's and position_step's: libm's
+// expf is a call, around which the live vectors are saved and the upper halves cleared
+// (vzeroupper). It differs from expf by rounding, and is 0 below e^-87 where expf is subnormal.
+template <class A>
+ATTNKIT_ALWAYS_INLINE float gate_weight(float gate, float m) {
+    float ex[simd::kLanes<A>];
+    simd::storeu(ex, simd::exp(simd::vfloat<A>(gate - m)));
+    return gate == -HUGE_VALF ? 0.0f : ex[0];
+}
+
 // Zero gradients of token l of item b (masked: no row sees it).
 template <class A>
 ATTNKIT_NOINLINE void zero_token(const grad_problem& g, index_t b, index_t l, grad_states& st) {
@@ -412,9 +423,7 @@ ATTNKIT_NOINLINE void token_grads(const grad_problem& g, index_t b, index_t l, g
                 // every q and k row of the position before any other work (docs/benchmarks.md,
                 // "The backward from the forward's lse").
                 const float gate = simd::dot<A>(qr, kr, D) * p.scale;
-                float ex[W];  // head_step's exponential
-                simd::storeu(ex, simd::exp(V(gate - M[h])));
-                e = gate == -HUGE_VALF ? 0.0f : ex[0];
+                e = gate_weight<A>(gate, M[h]);
             }
             const float sd = p.scale * (e * (simd::hsum(t0 + t1) - st.r[static_cast<std::size_t>(h)]));
             const V ev(e), sv(sd);
@@ -482,13 +491,7 @@ ATTNKIT_ALWAYS_INLINE void head_step(const grad_problem& g, const position_rows&
         // The gate, its rows read downwards like every other row here (four chains: this dot
         // heads each head's work, and two chains of a D = 128 dot wait on the FMA latency).
         const float gate = simd::dot_down<A>(qr, kr, D) * p.scale;
-        // The vector exponential on one lane, as the forward's: libm's expf is a call, and around
-        // it the live vectors are saved and the upper halves cleared (vzeroupper). It differs
-        // from expf by rounding, and is 0 below e^-87 where expf is subnormal; token_grads (the
-        // form without the causal mask) takes the same one.
-        float ex[W];
-        simd::storeu(ex, simd::exp(V(gate - pr.m[h])));
-        e = gate == -HUGE_VALF ? 0.0f : ex[0];
+        e = gate_weight<A>(gate, pr.m[h]);
     }
     const float a = pr.a[h];
     const V av(a), rv(st.rho[hs]), wv(st.w[hs]), ev(e);
