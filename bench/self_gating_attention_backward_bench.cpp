@@ -7,6 +7,14 @@
 //                 no pass over q and k for the rows' statistics
 //   forward       attnkit::self_gating_attention on the same inputs (the pass a training step runs first)
 //   forward_lse   the same, also writing lse
+//   traffic       no attention: a plain loop that moves the backward's bytes over the same
+//                 tensors in the backward's order (positions and rows descending; per vector five
+//                 loads, one sum, three streamed stores), the yardstick of what the placement
+//                 allows; threads take blocks of 64 positions
+// Layouts: the plain names use Eigen::Tensor allocations, one after another as a program makes
+// them (equal 128 MiB tensors then start 2^27 + 4 KiB apart); "/layout:apart" runs the backward
+// on the same values placed by common/placement.hpp's spaced_arena, 4 MiB + 4 KiB further apart,
+// which separates what the kernel costs from what that placement costs on some cores.
 // Counters: GB/s = the bytes one backward must move once (q, k, v, out and d_out read; d_q, d_k
 // and d_v written: 8 L H D floats) per second, for both families, so that their times compare;
 // bw_frac = that over the 8-stream DRAM read bandwidth measured in the same run with as many
@@ -14,6 +22,7 @@
 // then the reverse scan): the counted bytes are the minimum, not what crosses the bus.
 // After the timed loop the gradients are checked: finite, and a few tokens of two heads against a
 // double recomputation, otherwise SkipWithError.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -29,11 +38,14 @@
 #include "attnkit/self_gating_attention_backward.hpp"
 #include "common/bench_main.hpp"
 #include "common/machine.hpp"
+#include "common/placement.hpp"
 
 namespace attnkit_bench {
 namespace {
 
 using tensor4 = Eigen::Tensor<float, 4, Eigen::RowMajor>;
+using map4 = Eigen::TensorMap<tensor4>;
+using map3 = Eigen::TensorMap<Eigen::Tensor<float, 3, Eigen::RowMajor>>;
 constexpr std::int64_t kH = 8, kD = 128;
 
 struct inputs {
@@ -41,7 +53,8 @@ struct inputs {
     Eigen::Tensor<float, 3, Eigen::RowMajor> lse;
 };
 
-enum class family { backward, backward_lse, forward, forward_lse };
+enum class family { backward, backward_lse, forward, forward_lse, traffic };
+enum class layout { natural, apart };
 
 const inputs& inputs_for(std::int64_t L) {
     static std::map<std::int64_t, std::unique_ptr<inputs>> cache;
@@ -66,12 +79,62 @@ const inputs& inputs_for(std::int64_t L) {
     return *p;
 }
 
+// The inputs' values and room for the gradients in a spaced_arena (layout:apart).
+struct spaced_inputs {
+    explicit spaced_inputs(const inputs& in) : arena(sizes(in)) {
+        const tensor4* src[5] = {&in.q, &in.k, &in.v, &in.out, &in.dout};
+        for (int t = 0; t < 5; ++t) std::copy(src[t]->data(), src[t]->data() + src[t]->size(), arena[t]);
+        std::copy(in.lse.data(), in.lse.data() + in.lse.size(), arena[8]);
+    }
+    // q, k, v, out, d_out, d_q, d_k, d_v, lse.
+    static std::vector<std::size_t> sizes(const inputs& in) {
+        std::vector<std::size_t> n(8, static_cast<std::size_t>(in.q.size()));
+        n.push_back(static_cast<std::size_t>(in.lse.size()));
+        return n;
+    }
+    spaced_arena arena;
+};
+
+const spaced_inputs& spaced_inputs_for(std::int64_t L) {
+    static std::map<std::int64_t, std::unique_ptr<spaced_inputs>> cache;
+    auto& p = cache[L];
+    if (!p) p = std::make_unique<spaced_inputs>(inputs_for(L));
+    return *p;
+}
+
+// family::traffic: positions [l0, l1) of the tensors p[0..4] (read) and p[5..7] (written), rows
+// of kH * kD floats, descending. Returns a sum of what it read so the loads stay.
+float move_traffic(float* const* p, std::int64_t l0, std::int64_t l1) {
+    using A = attnkit::simd::default_arch;
+    using V = attnkit::simd::vfloat<A>;
+    constexpr std::int64_t W = attnkit::simd::kLanes<A>, R = kH * kD;
+    V acc(0.0f);
+    for (std::int64_t l = l1 - 1; l >= l0; --l) {
+        const std::int64_t base = l * R;
+        const bool stream = attnkit::simd::stream_aligned<A>(p[5] + base) &&
+                            attnkit::simd::stream_aligned<A>(p[6] + base) && attnkit::simd::stream_aligned<A>(p[7] + base);
+        for (std::int64_t c = R - W; c >= 0; c -= W) {
+            V x = attnkit::simd::loadu<A>(p[0] + base + c);
+            for (int t = 1; t < 5; ++t) x = x + attnkit::simd::loadu<A>(p[t] + base + c);
+            acc = acc + x;
+            for (int t = 5; t < 8; ++t) {
+                if (stream)
+                    attnkit::simd::stream_store(p[t] + base + c, x);
+                else
+                    attnkit::simd::storeu(p[t] + base + c, x);
+            }
+        }
+    }
+    attnkit::simd::store_fence();
+    return attnkit::simd::hsum(acc);
+}
+
 double bytes_of(std::int64_t L) { return 8.0 * static_cast<double>(L * kH * kD) * sizeof(float); }
 
 // Tokens j of heads 0 and H-1 against a double recomputation of d_v_j = sum_{i >= j} w_ij dO_i
 // and d_q_j = scale k_j sum_{i >= j} w_ij (<dO_i, v_j> - <dO_i, O_i>).
-bool check(const inputs& in, const tensor4& dq, const tensor4& dv, std::string& why) {
-    for (const tensor4* t : {&dq, &dv})
+bool check(const inputs& in, const map4& dq, const map4& dv, std::string& why) {
+    for (const map4* t : {&dq, &dv})
         for (std::int64_t i = 0; i < t->size(); ++i)
             if (!std::isfinite(t->data()[i])) return why = "non-finite gradient", false;
     const std::int64_t L = in.q.dimension(1);
@@ -113,27 +176,52 @@ bool check(const inputs& in, const tensor4& dq, const tensor4& dv, std::string& 
     return true;
 }
 
-void BM_case(benchmark::State& state, family f, std::int64_t L, int threads) {
+void BM_case(benchmark::State& state, family f, std::int64_t L, int threads, layout where) {
     const inputs& in = inputs_for(L);
-    tensor4 dq(1, L, kH, kD), dk(1, L, kH, kD), dv(1, L, kH, kD), out(1, L, kH, kD);
-    Eigen::Tensor<float, 3, Eigen::RowMajor> lse(1, L, kH);
+    tensor4 dq_t, dk_t, dv_t, out_t(1, L, kH, kD);
+    Eigen::Tensor<float, 3, Eigen::RowMajor> lse_t(1, L, kH);
+    // The tensors the call reads and writes, as maps over either placement.
+    float* p[9];
+    if (where == layout::apart) {
+        const spaced_inputs& sp = spaced_inputs_for(L);
+        for (int t = 0; t < 9; ++t) p[t] = sp.arena[static_cast<std::size_t>(t)];
+    } else {
+        for (tensor4* t : {&dq_t, &dk_t, &dv_t}) t->resize(1, L, kH, kD);
+        const float* src[5] = {in.q.data(), in.k.data(), in.v.data(), in.out.data(), in.dout.data()};
+        for (int t = 0; t < 5; ++t) p[t] = const_cast<float*>(src[t]);
+        p[5] = dq_t.data(), p[6] = dk_t.data(), p[7] = dv_t.data(), p[8] = const_cast<float*>(in.lse.data());
+    }
+    const map4 q(p[0], 1, L, kH, kD), k(p[1], 1, L, kH, kD), v(p[2], 1, L, kH, kD), fw_out(p[3], 1, L, kH, kD),
+        dout(p[4], 1, L, kH, kD);
+    map4 dq(p[5], 1, L, kH, kD), dk(p[6], 1, L, kH, kD), dv(p[7], 1, L, kH, kD);
+    const map3 lse(p[8], 1, L, kH);
     attnkit::self_gating_options o;
     o.causal = true;
     o.pool = shared_pool(threads);
     auto run = [&] {
         switch (f) {
             case family::backward:
-                attnkit::self_gating_attention_backward(in.q, in.k, in.v, in.out, in.dout, dq, dk, dv, o);
+                attnkit::self_gating_attention_backward(q, k, v, fw_out, dout, dq, dk, dv, o);
                 break;
             case family::backward_lse:
-                attnkit::self_gating_attention_backward(in.q, in.k, in.v, in.out, in.lse, in.dout, dq, dk, dv, o);
+                attnkit::self_gating_attention_backward(q, k, v, fw_out, lse, dout, dq, dk, dv, o);
                 break;
             case family::forward:
-                attnkit::self_gating_attention(in.q, in.k, in.v, out, o);
+                attnkit::self_gating_attention(q, k, v, out_t, o);
                 break;
             case family::forward_lse:
-                attnkit::self_gating_attention(in.q, in.k, in.v, out, lse, o);
+                attnkit::self_gating_attention(q, k, v, out_t, lse_t, o);
                 break;
+            case family::traffic: {
+                constexpr std::int64_t kBlock = 64;
+                std::vector<float> part(static_cast<std::size_t>((L + kBlock - 1) / kBlock));
+                attnkit::parallel_for(o.pool, static_cast<std::int64_t>(part.size()), [&](std::int64_t i) {
+                    const std::int64_t hi = L - i * kBlock;
+                    part[static_cast<std::size_t>(i)] = move_traffic(p, std::max<std::int64_t>(hi - kBlock, 0), hi);
+                });
+                benchmark::DoNotOptimize(part.data());
+                break;
+            }
         }
     };
     // One untimed call: the outputs' pages are faulted in here, not in the first timed call.
@@ -152,17 +240,22 @@ void BM_case(benchmark::State& state, family f, std::int64_t L, int threads) {
 
 void register_all() {
     for (std::int64_t L : {4096, 32768})
-        for (int t : kThreadCounts)
-            for (const auto& [f, fname] : {std::pair<family, const char*>{family::backward, "backward"},
-                                           {family::backward_lse, "backward_lse"},
-                                           {family::forward, "forward"},
-                                           {family::forward_lse, "forward_lse"}}) {
-                const std::string name = std::string(fname) + "/L:" + std::to_string(L) +
-                                         "/D:128/H:8/causal:1/threads:" + std::to_string(t);
-                benchmark::RegisterBenchmark(name.c_str(), BM_case, f, L, t)
-                    ->UseRealTime()
-                    ->Unit(benchmark::kMillisecond);
-            }
+        for (layout where : {layout::natural, layout::apart})
+            for (int t : kThreadCounts)
+                for (const auto& [f, fname] : {std::pair<family, const char*>{family::backward, "backward"},
+                                               {family::backward_lse, "backward_lse"},
+                                               {family::forward, "forward"},
+                                               {family::forward_lse, "forward_lse"},
+                                               {family::traffic, "traffic"}}) {
+                    const bool fwd = f == family::forward || f == family::forward_lse;
+                    if (where == layout::apart && fwd) continue;  // the backward's placement only
+                    const std::string name = std::string(fname) + "/L:" + std::to_string(L) + "/D:128/H:8/causal:1" +
+                                             (where == layout::apart ? "/layout:apart" : "") +
+                                             "/threads:" + std::to_string(t);
+                    benchmark::RegisterBenchmark(name.c_str(), BM_case, f, L, t, where)
+                        ->UseRealTime()
+                        ->Unit(benchmark::kMillisecond);
+                }
 }
 
 }  // namespace
