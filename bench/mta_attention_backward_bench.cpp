@@ -11,8 +11,9 @@
 //   materialised/full       the same backward arithmetic over whole [H, L, L] tensors (the fused
 //                           kernel's block run with one block of the whole sequence: no halo
 //                           recomputation, every stage on materialised score tensors, as an
-//                           autograd framework keeps them); L = 1024 only (six [H, L, L] float
-//                           arrays: 0.4 GiB at 1024, 1.6 GiB at 2048)
+//                           autograd framework keeps them); L = 1024 and 2048 (six [H, L, L]
+//                           float arrays: 0.4 GiB at 1024, 1.6 GiB at 2048; ATTNKIT_BENCH_QUICK=1
+//                           runs 1024 only)
 // Shapes: H = 16, D = 96 at L = 1024 and 2048, threads 1 and 2 (the ratios are at 1
 // thread); the memory case L = 8192, H = 8, D = 64 (forward/full and backward/full, 1 thread,
 // one iteration per repetition).
@@ -171,7 +172,7 @@ void register_all() {
         for (index_t L : {1024, 2048})
             for (family f : {family::forward_full, family::backward_full, family::backward_pre_conv,
                              family::softmax_backward, family::materialised_full})
-                if (f != family::materialised_full || L <= 1024) add(f, L, 16, 96, t);
+                if (f != family::materialised_full || L <= 1024 || !bench_quick()) add(f, L, 16, 96, t);
     // The memory case: L = 8192, H = 8, D = 64, every stage, one thread (ATTNKIT_BENCH_QUICK=1
     // leaves it out).
     if (!bench_quick())
