@@ -135,6 +135,7 @@ class backward_runner {
     index_t hp_ = 0, hq_ = 0, pad_ = 16, ls_ = 0, block_ = 1, nr_ = 1;
     std::vector<float> flip_pre_, flip_post_, wt_pre_, wt_post_;
     std::vector<double> acc_kq_pre_, acc_kq_post_, acc_head_pre_, acc_head_post_, acc_norm_, acc_gate_;
+    std::vector<double> mix_part_;  // mix_grad's per-chunk sums
     double acc_bias_ = 0.0;
     std::vector<float> o_, do_;  // [rows from i0][H][Dv]: P V before the row stages, and its gradient
     std::vector<std::vector<float>> slots_;
@@ -267,16 +268,44 @@ class backward_runner {
         });
     }
 
-    // dw[h][g] += sum over rows [i0, i1) of <dy[h] row, x[g] row> (keys 0 .. row).
+    // dw[h][g] += sum over rows [i0, i1) of <dy[h] row, x[g] row> (keys 0 .. row). The rows go in
+    // fixed chunks of kMixRows, a task per chunk, and a row's H dy rows and H x rows are read
+    // once for all H^2 pairs: blocks of kMixH x kMixG pairs share their loads (backward_ops.hpp's
+    // dots_block), heads left over by the blocks take a dot per pair. A task per dy head, as
+    // before, read every x row H times from beyond L2. Each pair's float dots are summed in
+    // double per chunk, rows in order, and the chunks' sums added to dw in chunk order: the same
+    // sums for any thread count.
+    static constexpr int kMixH = 2, kMixG = 4;
+    static constexpr index_t kMixRows = 8;
     void mix_grad(std::vector<double>& dw, int dy, int x, index_t i0, index_t i1) {
-        over(H_, [&](index_t h) {
-            for (index_t gh = 0; gh < H_; ++gh) {
-                double s = 0.0;
-                for (index_t i = i0; i < i1; ++i)
-                    s += static_cast<double>(simd::dot<A>(row(dy, h, i), row(x, gh, i), i + 1));
-                dw[static_cast<std::size_t>(h * H_ + gh)] += s;
-            }
+        const index_t nc = (i1 - i0 + kMixRows - 1) / kMixRows, HH = H_ * H_;
+        mix_part_.assign(static_cast<std::size_t>(nc * HH), 0.0);
+        over(nc, [&](index_t c) {
+            double* s = mix_part_.data() + c * HH;
+            const index_t r0 = i0 + c * kMixRows, r1 = std::min(i1, r0 + kMixRows);
+            for (index_t i = r0; i < r1; ++i)
+                for (index_t h0 = 0; h0 < H_; h0 += kMixH)
+                    for (index_t g0 = 0; g0 < H_; g0 += kMixG) {
+                        const index_t nh = std::min<index_t>(kMixH, H_ - h0), ng = std::min<index_t>(kMixG, H_ - g0);
+                        if (nh == kMixH && ng == kMixG) {
+                            const float* ya[kMixH];
+                            const float* xb[kMixG];
+                            for (int a = 0; a < kMixH; ++a) ya[a] = row(dy, h0 + a, i);
+                            for (int b = 0; b < kMixG; ++b) xb[b] = row(x, g0 + b, i);
+                            float d[kMixH][kMixG];
+                            dots_block<A, kMixH, kMixG>(ya, xb, i + 1, d);
+                            for (int a = 0; a < kMixH; ++a)
+                                for (int b = 0; b < kMixG; ++b) s[(h0 + a) * H_ + g0 + b] += static_cast<double>(d[a][b]);
+                        } else {
+                            for (index_t a = 0; a < nh; ++a)
+                                for (index_t b = 0; b < ng; ++b)
+                                    s[(h0 + a) * H_ + g0 + b] +=
+                                        static_cast<double>(simd::dot<A>(row(dy, h0 + a, i), row(x, g0 + b, i), i + 1));
+                        }
+                    }
         });
+        for (index_t c = 0; c < nc; ++c)
+            for (index_t t = 0; t < HH; ++t) dw[static_cast<std::size_t>(t)] += mix_part_[static_cast<std::size_t>(c * HH + t)];
     }
 
     // Output rows [r0, r1) of slot dst = the convolution (kernel k [H][G][c_q][c_k] per output

@@ -54,7 +54,11 @@ void conv_rows_block(float* const* out, const conv_source& src, index_t G, const
                 s += j0 - hk;
                 const index_t a0 = s_row - i - row_off;  // tap of output row i; row i + r uses a0 - r
                 for (index_t c = 0; c < ck; ++c) {
-                    const V x0 = simd::loadu<A>(s + c), x1 = simd::loadu<A>(s + c + W);
+                    V x0 = simd::loadu<A>(s + c), x1 = simd::loadu<A>(s + c + W);
+                    // Loaded once for the R rows: left alone GCC 12 folds the load into each of
+                    // the R FMAs that use it (simd::keep_in_register), 12 loads per 8 FMAs.
+                    simd::keep_in_register(x0);
+                    simd::keep_in_register(x1);
                     for (int r = 0; r < R; ++r) {
                         const index_t a = a0 - r;
                         if (a < 0 || a >= cq) continue;
@@ -94,6 +98,42 @@ void conv_rows_range(float* const* out_of_row, const conv_source& src, index_t G
         case 1: conv_rows_block<A, 1>(out_of_row + (i - r0), src, G, k, cq, ck, row_off, i, clean_end); break;
         default: break;
     }
+}
+
+// out[a][b] = <ya[a], xb[b]> over n floats, for a block of BH x BG row pairs (the head mixing's
+// weight gradient: every dy head against every input head). One accumulator per pair, each
+// vector loaded once for the block: BH + BG loads per BH BG FMAs, where a dot per pair loads
+// both of its rows (two loads per FMA) and ran load-bound. The order of each pair's sum depends
+// only on n and the arch.
+template <class A, int BH, int BG>
+ATTNKIT_ALWAYS_INLINE void dots_block(const float* const* ya, const float* const* xb, index_t n, float (&out)[BH][BG]) {
+    using V = simd::vfloat<A>;
+    constexpr index_t W = simd::kLanes<A>;
+    V acc[BH][BG];
+    for (auto& row : acc)
+        for (auto& x : row) x = V(0.0f);
+    index_t j = 0;
+    for (; j + W <= n; j += W) {
+        V x[BG];
+        for (int b = 0; b < BG; ++b) {
+            x[b] = simd::loadu<A>(xb[b] + j);
+            simd::keep_in_register(x[b]);
+        }
+        for (int a = 0; a < BH; ++a) {
+            const V y = simd::loadu<A>(ya[a] + j);
+            for (int b = 0; b < BG; ++b) acc[a][b] = simd::fma(y, x[b], acc[a][b]);
+        }
+    }
+    if (j < n) {
+        V x[BG];
+        for (int b = 0; b < BG; ++b) x[b] = simd::load_partial<A>(xb[b] + j, n - j);
+        for (int a = 0; a < BH; ++a) {
+            const V y = simd::load_partial<A>(ya[a] + j, n - j);
+            for (int b = 0; b < BG; ++b) acc[a][b] = simd::fma(y, x[b], acc[a][b]);
+        }
+    }
+    for (int a = 0; a < BH; ++a)
+        for (int b = 0; b < BG; ++b) out[a][b] = simd::hsum(acc[a][b]);
 }
 
 // dk[m][a][c] += sum_{j <= i} dy[j] in[m][row i + a + row_off][j + c - hk], the row's float sum
