@@ -10,11 +10,13 @@
 //   traffic       no attention: a plain loop that moves the backward's bytes over the same
 //                 tensors in the backward's order (positions and rows descending; per vector five
 //                 loads, one sum, three streamed stores), the yardstick of what the placement
-//                 allows; threads take blocks of 64 positions
+//                 allows; with threads, tasks of 64 positions from the last down, which the pool
+//                 hands out in batches
 // Layouts: the plain names use Eigen::Tensor allocations, one after another as a program makes
 // them (equal 128 MiB tensors then start 2^27 + 4 KiB apart); "/layout:apart" runs the backward
-// on the same values placed by common/placement.hpp's spaced_arena, 4 MiB + 4 KiB further apart,
-// which separates what the kernel costs from what that placement costs on some cores.
+// on the same values placed by common/placement.hpp's spaced_arena (start to start 2^27 + 4 MiB
+// + 4 KiB, at Eigen's offset into a page), which separates what the kernel costs from what the
+// natural placement costs on some cores.
 // Counters: GB/s = the bytes one backward must move once (q, k, v, out and d_out read; d_q, d_k
 // and d_v written: 8 L H D floats) per second, for both families, so that their times compare;
 // bw_frac = that over the 8-stream DRAM read bandwidth measured in the same run with as many
@@ -81,7 +83,9 @@ const inputs& inputs_for(std::int64_t L) {
 
 // The inputs' values and room for the gradients in a spaced_arena (layout:apart).
 struct spaced_inputs {
-    explicit spaced_inputs(const inputs& in) : arena(sizes(in)) {
+    // At Eigen's own offset into a page (32 bytes with AVX, 64 with AVX-512).
+    explicit spaced_inputs(const inputs& in)
+        : arena(sizes(in), reinterpret_cast<std::uintptr_t>(in.q.data()) % spaced_arena::kPage) {
         const tensor4* src[5] = {&in.q, &in.k, &in.v, &in.out, &in.dout};
         for (int t = 0; t < 5; ++t) std::copy(src[t]->data(), src[t]->data() + src[t]->size(), arena[t]);
         std::copy(in.lse.data(), in.lse.data() + in.lse.size(), arena[8]);
@@ -103,16 +107,17 @@ const spaced_inputs& spaced_inputs_for(std::int64_t L) {
 }
 
 // family::traffic: positions [l0, l1) of the tensors p[0..4] (read) and p[5..7] (written), rows
-// of kH * kD floats, descending. Returns a sum of what it read so the loads stay.
+// of kH * kD floats, descending; streamed stores where the rows allow them, as the backward's.
+// Returns the sum of what it read.
 float move_traffic(float* const* p, std::int64_t l0, std::int64_t l1) {
     using A = attnkit::simd::default_arch;
     using V = attnkit::simd::vfloat<A>;
     constexpr std::int64_t W = attnkit::simd::kLanes<A>, R = kH * kD;
+    const bool stream = attnkit::simd::stream_aligned<A>(p[5]) && attnkit::simd::stream_aligned<A>(p[6]) &&
+                        attnkit::simd::stream_aligned<A>(p[7]);  // rows of R floats keep it
     V acc(0.0f);
     for (std::int64_t l = l1 - 1; l >= l0; --l) {
         const std::int64_t base = l * R;
-        const bool stream = attnkit::simd::stream_aligned<A>(p[5] + base) &&
-                            attnkit::simd::stream_aligned<A>(p[6] + base) && attnkit::simd::stream_aligned<A>(p[7] + base);
         for (std::int64_t c = R - W; c >= 0; c -= W) {
             V x = attnkit::simd::loadu<A>(p[0] + base + c);
             for (int t = 1; t < 5; ++t) x = x + attnkit::simd::loadu<A>(p[t] + base + c);
@@ -178,8 +183,11 @@ bool check(const inputs& in, const map4& dq, const map4& dv, std::string& why) {
 
 void BM_case(benchmark::State& state, family f, std::int64_t L, int threads, layout where) {
     const inputs& in = inputs_for(L);
-    tensor4 dq_t, dk_t, dv_t, out_t(1, L, kH, kD);
-    Eigen::Tensor<float, 3, Eigen::RowMajor> lse_t(1, L, kH);
+    const bool fwd = f == family::forward || f == family::forward_lse;
+    // The gradients first, then the forward's outputs (only for the forward families): in the
+    // natural placement the gradients follow the inputs as a program would allocate them.
+    tensor4 dq_t, dk_t, dv_t, out_t;
+    Eigen::Tensor<float, 3, Eigen::RowMajor> lse_t;
     // The tensors the call reads and writes, as maps over either placement.
     float* p[9];
     if (where == layout::apart) {
@@ -190,6 +198,10 @@ void BM_case(benchmark::State& state, family f, std::int64_t L, int threads, lay
         const float* src[5] = {in.q.data(), in.k.data(), in.v.data(), in.out.data(), in.dout.data()};
         for (int t = 0; t < 5; ++t) p[t] = const_cast<float*>(src[t]);
         p[5] = dq_t.data(), p[6] = dk_t.data(), p[7] = dv_t.data(), p[8] = const_cast<float*>(in.lse.data());
+    }
+    if (fwd) {
+        out_t.resize(1, L, kH, kD);
+        lse_t.resize(1, L, kH);
     }
     const map4 q(p[0], 1, L, kH, kD), k(p[1], 1, L, kH, kD), v(p[2], 1, L, kH, kD), fw_out(p[3], 1, L, kH, kD),
         dout(p[4], 1, L, kH, kD);
@@ -231,7 +243,7 @@ void BM_case(benchmark::State& state, family f, std::int64_t L, int threads, lay
         benchmark::ClobberMemory();
     }
     std::string why;
-    const bool backward = f == family::backward || f == family::backward_lse;
+    const bool backward = !fwd && f != family::traffic;
     if (backward && !check(in, dq, dv, why)) state.SkipWithError(why.c_str());
     state.counters["GB/s"] = benchmark::Counter(bytes_of(L) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
     state.counters["bw_frac"] =

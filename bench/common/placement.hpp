@@ -12,17 +12,19 @@
 // streams are 128 KiB apart, does not pay it.
 //
 // spaced_arena places tensors so that no two starts are near a multiple of a large power of
-// two: each starts 4 MiB + 4 KiB (plus its size rounded up to a page) past the previous one, at
-// the same offset into its page as Eigen's own allocation (32 bytes), so the rows meet cache
-// lines exactly as they do in an Eigen::Tensor. The memory is touched once, in address order.
+// two: start to start, a tensor's size rounded up to whole pages plus kGap (4 MiB + 4 KiB). Each
+// starts at the same offset into its page as the caller asks, so that the rows meet cache lines
+// (and the kernels' streamed stores their alignment) exactly as in the allocation it stands in
+// for. The memory is touched once, in address order.
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <vector>
+
+#include "common/machine.hpp"
 
 namespace attnkit_bench {
 
@@ -30,30 +32,28 @@ class spaced_arena {
 public:
     static constexpr std::size_t kPage = 4096;
     static constexpr std::size_t kGap = (std::size_t(4) << 20) + kPage;
-    static constexpr std::size_t kOffset = 32;  // into the first page, as Eigen's aligned malloc
 
-    // One block for tensors of the given float counts, in that order.
-    explicit spaced_arena(const std::vector<std::size_t>& floats) {
-        std::size_t total = kPage;
-        for (std::size_t n : floats) total += round_up(n * sizeof(float) + kOffset) + kGap;
-        base_ = static_cast<char*>(std::aligned_alloc(kPage, total));
-        if (!base_) throw std::bad_alloc();
-        std::memset(base_, 0, total);
-        char* p = base_;
+    // One block for tensors of the given float counts, in that order, each `offset` bytes
+    // (< kPage) into a page.
+    spaced_arena(const std::vector<std::size_t>& floats, std::size_t offset) {
+        offset %= kPage;
+        std::size_t total = 0;
+        for (std::size_t n : floats) total += stride(n);  // kGap leaves room for the offset
+        buf_.reset(static_cast<float*>(std::aligned_alloc(kPage, total)));
+        if (!buf_) throw std::bad_alloc();
+        char* p = reinterpret_cast<char*>(buf_.get());
+        std::memset(p, 0, total);
         for (std::size_t n : floats) {
-            starts_.push_back(reinterpret_cast<float*>(p + kOffset));
-            p += round_up(n * sizeof(float) + kOffset) + kGap;
+            starts_.push_back(reinterpret_cast<float*>(p + offset));
+            p += stride(n);
         }
     }
-    spaced_arena(const spaced_arena&) = delete;
-    spaced_arena& operator=(const spaced_arena&) = delete;
-    ~spaced_arena() { std::free(base_); }
 
     float* operator[](std::size_t i) const { return starts_[i]; }
 
 private:
-    static std::size_t round_up(std::size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
-    char* base_ = nullptr;
+    static std::size_t stride(std::size_t n) { return (n * sizeof(float) + kPage - 1) / kPage * kPage + kGap; }
+    float_buffer buf_;
     std::vector<float*> starts_;
 };
 

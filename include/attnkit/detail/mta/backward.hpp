@@ -26,9 +26,10 @@
 // mixings are detail/mta/tile_ops.hpp's head_mix.
 //
 // Threads: the blocks run in order and each stage of a block is split over heads (key/value heads
-// for d_k and d_v, rows for the head mixing), every output element and every accumulator written
-// by one task in a fixed order; the weight gradients are summed in double per head, block by
-// block. So the results are the same bits for any thread count.
+// for d_k and d_v, rows for the head mixing, fixed chunks of rows for its weight gradient), every
+// output element and every accumulator written by one task in a fixed order; the weight
+// gradients are summed in double per head (the mixings': per chunk of rows, the chunks added in
+// order), block by block. So the results are the same bits for any thread count.
 #pragma once
 
 #include <algorithm>
@@ -269,12 +270,13 @@ class backward_runner {
     }
 
     // dw[h][g] += sum over rows [i0, i1) of <dy[h] row, x[g] row> (keys 0 .. row). The rows go in
-    // fixed chunks of kMixRows, a task per chunk, and a row's H dy rows and H x rows are read
-    // once for all H^2 pairs: blocks of kMixH x kMixG pairs share their loads (backward_ops.hpp's
-    // dots_block), heads left over by the blocks take a dot per pair. A task per dy head, as
-    // before, read every x row H times from beyond L2. Each pair's float dots are summed in
-    // double per chunk, rows in order, and the chunks' sums added to dw in chunk order: the same
-    // sums for any thread count.
+    // fixed chunks of kMixRows, a task per chunk, all H^2 pairs of a row together: blocks of
+    // kMixH x kMixG pairs share their loads (backward_ops.hpp's dots_block), heads left over by
+    // the blocks take a dot per pair. Within a row each x row is read H / kMixH times and each dy
+    // row H / kMixG times, from L2 while the row's 2 H rows (8 H L bytes) fit there; from beyond
+    // it once. A task per dy head, before, read every x row H times from beyond L2. Each pair's
+    // float dots are summed in double per chunk, rows in order, and the chunks' sums added to dw
+    // in chunk order: the same sums for any thread count.
     static constexpr int kMixH = 2, kMixG = 4;
     static constexpr index_t kMixRows = 8;
     void mix_grad(std::vector<double>& dw, int dy, int x, index_t i0, index_t i1) {

@@ -103,8 +103,9 @@ void conv_rows_range(float* const* out_of_row, const conv_source& src, index_t G
 // out[a][b] = <ya[a], xb[b]> over n floats, for a block of BH x BG row pairs (the head mixing's
 // weight gradient: every dy head against every input head). One accumulator per pair, each
 // vector loaded once for the block: BH + BG loads per BH BG FMAs, where a dot per pair loads
-// both of its rows (two loads per FMA) and ran load-bound. The order of each pair's sum depends
-// only on n and the arch.
+// both of its rows (two loads per FMA) and ran load-bound. Both operands go through
+// simd::keep_in_register: GCC 12 otherwise folds each load into every FMA that uses it. The
+// order of each pair's sum depends only on n and the arch.
 template <class A, int BH, int BG>
 ATTNKIT_ALWAYS_INLINE void dots_block(const float* const* ya, const float* const* xb, index_t n, float (&out)[BH][BG]) {
     using V = simd::vfloat<A>;
@@ -120,7 +121,8 @@ ATTNKIT_ALWAYS_INLINE void dots_block(const float* const* ya, const float* const
             simd::keep_in_register(x[b]);
         }
         for (int a = 0; a < BH; ++a) {
-            const V y = simd::loadu<A>(ya[a] + j);
+            V y = simd::loadu<A>(ya[a] + j);
+            simd::keep_in_register(y);
             for (int b = 0; b < BG; ++b) acc[a][b] = simd::fma(y, x[b], acc[a][b]);
         }
     }
