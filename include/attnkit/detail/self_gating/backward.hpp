@@ -662,63 +662,68 @@ inline void lse_stats(grad_problem& g) {
                 g.mx[static_cast<std::size_t>((b * p.len + l) * p.heads + h)] = g.lse[b * g.lb + l * g.ll + h * g.lh];
 }
 
+// Pass 2 of a causal call, chunk t from the right of item b: the chunk's gradients, and its suffix
+// state into `suf` (slot t + 1) for the chunk before it. `direct`: the successor's state is
+// there already (this worker computed it), so one scan does it all; otherwise the chunk scans
+// d_out and out first, waits for its successor, publishes, then does the full scan (the
+// look-back of the header).
+template <class A>
+void scan_chunk(grad_problem& g, prefix_table& suf, index_t b, index_t t, index_t C, grad_states& st, bool direct) {
+    const problem& p = g.fw;
+    const index_t c = suf.nc - 1 - t, c0 = c * C, c1 = std::min(c0 + C, p.len);
+    const index_t nv = p.visible[static_cast<std::size_t>(b)];
+    const state_ref sn = suf.at(b, t), sp = suf.at(b, t + 1);
+    auto scan = [&](bool grads) {
+        st.clear();
+        for (index_t l = c1 - 1; l >= c0; --l) {
+            if (grads && l < nv) {
+                // No hints here: the rows are one descending stream per tensor, which the
+                // hardware prefetchers follow; hints of the next position, in one burst or
+                // spread over the heads, measured the same or slower (docs/benchmarks.md).
+                position_step<A>(g, b, l, l == c1 - 1, st, sn);
+                continue;
+            }
+            suffix_step<A>(g, b, l, l == c1 - 1, st);
+            if (l > c0) prefetch_position(g, b, l - 1, grads);
+            if (grads) zero_token<A>(g, b, l, st);  // l >= nv: no row sees token l
+        }
+        for (line_joiner* j : {&st.jq, &st.jk, &st.jv}) flush<A>(*j);
+    };
+    if (nv == 0) {  // nothing visible: zero gradients, an empty suffix
+        for (index_t l = c0; l < c1; ++l) zero_token<A>(g, b, l, st);
+        if (!direct) suf.wait(b, t);
+        suf.publish(b, t + 1);
+        return;
+    }
+    if (direct) {
+        scan(true);
+    } else {
+        scan(false);
+        suf.wait(b, t);
+    }
+    // st.sl, st.rl: the local suffix at c0 (both scans end there).
+    fix_suffix<A>(g, b, c0, st, sn, sp.n, sp.z, sp.m);
+    suf.publish(b, t + 1);
+    if (!direct) scan(true);
+}
+
+// Pass 2 of a causal call: chunks claimed in order from the right, with the decoupled look-back
+// of the header (a lone worker always finds its successor's state and scans once).
 template <class A>
 void run_backward_causal(grad_problem& g, thread_pool* pool, index_t C, index_t nc) {
     const problem& p = g.fw;
-    const index_t B = p.batch, L = p.len, H = p.heads, dvp = p.dim_vp, total = B * nc;
+    const index_t B = p.batch, H = p.heads, dvp = p.dim_vp, total = B * nc;
     prefix_table suf(B, H, dvp, nc, nullptr);
-    std::atomic<index_t> next{0};
     const index_t T = pool ? static_cast<index_t>(pool->size()) : 1;
+    std::atomic<index_t> next{0};
     const index_t workers = std::min(T, total);
     parallel_for(pool, workers, [&](std::int64_t) {
         // Allocated before the first claim: an exception after a claim would leave the chunk's
         // predecessors (to its left) waiting.
         grad_states st;
         st.resize(g);
-        for (index_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
-            const index_t b = it / nc, t = it % nc, c = nc - 1 - t, c0 = c * C, c1 = std::min(c0 + C, L);
-            const index_t nv = p.visible[static_cast<std::size_t>(b)];
-            const state_ref sn = suf.at(b, t), sp = suf.at(b, t + 1);
-            auto scan = [&](bool grads) {
-                st.clear();
-                for (index_t l = c1 - 1; l >= c0; --l) {
-                    if (grads && l < nv) {
-                        // No hints here: the rows are one descending stream per tensor, which the
-                        // hardware prefetchers follow; hints of the next position, in one burst or
-                        // spread over the heads, measured the same or slower (docs/benchmarks.md).
-                        position_step<A>(g, b, l, l == c1 - 1, st, sn);
-                        continue;
-                    }
-                    suffix_step<A>(g, b, l, l == c1 - 1, st);
-                    if (l > c0) prefetch_position(g, b, l - 1, grads);
-                    if (!grads) continue;
-                    if (l < nv) {
-                        fix_suffix<A>(g, b, l, st, sn, st.s.data(), st.r.data(), nullptr);
-                        token_grads<A>(g, b, l, st);
-                    } else {
-                        zero_token<A>(g, b, l, st);
-                    }
-                }
-                for (line_joiner* j : {&st.jq, &st.jk, &st.jv}) flush<A>(*j);
-            };
-            if (nv == 0) {  // nothing visible: zero gradients, an empty suffix
-                for (index_t l = c0; l < c1; ++l) zero_token<A>(g, b, l, st);
-                suf.wait(b, t);
-                suf.publish(b, t + 1);
-                continue;
-            }
-            const bool direct = workers == 1 && suf.ready_now(b, t);
-            if (direct) {
-                scan(true);
-            } else {
-                scan(false);
-                suf.wait(b, t);
-            }
-            // st.sl, st.rl: the local suffix at c0 (both scans end there).
-            fix_suffix<A>(g, b, c0, st, sn, sp.n, sp.z, sp.m);
-            suf.publish(b, t + 1);
-            if (!direct) scan(true);
-        }
+        for (index_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < total;)
+            scan_chunk<A>(g, suf, it / nc, it % nc, C, st, workers == 1);
         simd::store_fence();
     });
 }
