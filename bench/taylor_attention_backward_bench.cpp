@@ -4,7 +4,8 @@
 //   forward    attnkit::taylor_attention, form = automatic (the pass a training step runs first)
 //   quadratic  attnkit::taylor_attention_backward, form = quadratic (the backward tile kernel)
 //   linear     attnkit::taylor_attention_backward, form = linear (feature-map states)
-//   automatic  attnkit::taylor_attention_backward, form = automatic (the backward cost model)
+//   automatic  attnkit::taylor_attention_backward, form = automatic (the backward cost model;
+//              counter linear_form: 1 where it picks the linear form, 0 for the quadratic one)
 // Counters: FLOP/s and peak_frac against the FMA peak of the same run (common/bench_main.hpp),
 // every backward family's FLOPs counted as the quadratic form's, 2.5x the forward's quadratic
 // FLOPs (five products against two, as the softmax backward bench counts them; common/flops.hpp
@@ -99,6 +100,14 @@ void run_case(benchmark::State& state, const bwd_case& c, family f) {
             attnkit::taylor_attention_backward(p.q, p.k, p.v, p.out, p.dout, p.dq, p.dk, p.dv, o);
     };
     time_counting_heap(state, call, counted_flops(c, f), c.threads);
+    if (f == family::automatic) {
+        // The form the backward's cost model picks here: the automatic row runs that form's code,
+        // so its time is read against that form's own row (bench/scripts/training_targets.py).
+        const attn_dims& d = c.dims;
+        const attnkit::detail::attention_shape s{d.B, d.Lq, d.Lk, d.H, d.Hk, d.D, d.Dv};
+        state.counters["linear_form"] =
+            attnkit::detail::taylor::choose_backward_form(s, o) == taylor_form::linear ? 1.0 : 0.0;
+    }
 }
 
 std::vector<bwd_case> cases() {
