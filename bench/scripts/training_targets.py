@@ -147,8 +147,8 @@ def main():
     if len(args) != 2:
         sys.exit(__doc__)
     bench_dir, out_dir = args
-    os.makedirs(out_dir, exist_ok=True)
     if "--no-run" not in sys.argv:
+        os.makedirs(out_dir, exist_ok=True)
         run(bench_dir, out_dir)
     sys.exit(0 if report(out_dir) else 1)
 
