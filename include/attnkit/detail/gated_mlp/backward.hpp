@@ -20,6 +20,7 @@
 #include "attnkit/detail/gated_mlp/silu.hpp"
 #include "attnkit/detail/gemm.hpp"
 #include "attnkit/detail/row_segments.hpp"
+#include "attnkit/detail/scratch.hpp"
 #include "attnkit/thread_pool.hpp"
 
 namespace attnkit {
@@ -91,7 +92,13 @@ void gated_mlp_backward_run(const view<const float, R>& x, const view<const floa
 
     const index_t max_rows = kMlpBackwardRows < s.rows ? kMlpBackwardRows : s.rows;
     const index_t sw = kMlpBackwardSlice < m ? kMlpBackwardSlice : m;
-    std::vector<float> scratch(static_cast<std::size_t>(4 * max_rows * sw));
+    // The slice intermediates, this thread's across calls (detail/scratch.hpp): 21 MiB at 2048
+    // rows, which a vector per call would take from fresh pages and zero on the calling thread
+    // while the others wait. Every element is written before it is read.
+    scratch_lease<> lease;
+    std::vector<float>& scratch = lease.get();
+    if (scratch.size() < static_cast<std::size_t>(4 * max_rows * sw))
+        scratch.resize(static_cast<std::size_t>(4 * max_rows * sw));
     const auto none = gemm_op::none, tr = gemm_op::transpose;
     const index_t BR = kMlpBackwardBlockRows, WR = mlp_weight_block_rows(d);
     for (std::size_t bi = 0; bi < blocks.size(); ++bi) {
