@@ -97,8 +97,7 @@ void gated_mlp_backward_run(const view<const float, R>& x, const view<const floa
     // while the others wait. Every element is written before it is read.
     scratch_lease<> lease;
     std::vector<float>& scratch = lease.get();
-    if (scratch.size() < static_cast<std::size_t>(4 * max_rows * sw))
-        scratch.resize(static_cast<std::size_t>(4 * max_rows * sw));
+    scratch.resize(static_cast<std::size_t>(4 * max_rows * sw));
     const auto none = gemm_op::none, tr = gemm_op::transpose;
     const index_t BR = kMlpBackwardBlockRows, WR = mlp_weight_block_rows(d);
     for (std::size_t bi = 0; bi < blocks.size(); ++bi) {
