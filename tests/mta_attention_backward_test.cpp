@@ -5,7 +5,9 @@
 // and recomputes c_q - 1 halo rows per convolution on each side of a block; the sweeps straddle
 // the block edge (63, 64, 65, 129) and the SIMD widths (lengths 1 .. 17 around 4, 8, 16):
 //   stages        each stage alone and all together, over the lengths
-//   kernel_sizes  G in {1, 2} x c_q in {1, 3, 6} x c_k in {1, 5, 11, 13} (13: the generic tap loop)
+//   kernel_sizes  G in {1, 2} x c_q in {1, 3, 6, 9} x c_k in {1, 5, 11, 13} (13: the generic tap loop;
+//                 c_q 6 and 9: more query taps than one register window of the convolution holds
+//                 with AVX2 and AVX-512, backward_ops.hpp's kConvTapWindow)
 //   block_heights blocks of 1, 3, 5, 16 rows (shorter than the halos) and the whole sequence
 //   heads         MHA, GQA, MQA with every stage on
 //   identity      identity kernels and W = I: the gradients equal softmax_attention_backward's
@@ -250,7 +252,7 @@ TEST(mta_attention_backward, stages) {
 TEST(mta_attention_backward, kernel_sizes) {
     std::size_t n = 0;
     for (index_t G : {1, 2})
-        for (index_t cq : {1, 3, 6})
+        for (index_t cq : {1, 3, 6, 9})
             for (index_t ck : {1, 5, 11, 13}) {
                 if (!sweep_takes(n++, 0, 2)) continue;
                 config c;

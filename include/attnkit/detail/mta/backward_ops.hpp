@@ -32,43 +32,64 @@ struct conv_source {
     const float* row(index_t m, index_t r) const { return (r < lo || r >= hi) ? nullptr : in[m] + (r - row0) * ls; }
 };
 
+// Query taps whose weights one pass of conv_rows_block keeps in registers: with the block's
+// 2 R accumulators and two source vectors, 8 taps fill 26 of AVX-512's 32 registers and 4 taps
+// 14 of AVX2's 16.
+template <class A>
+constexpr index_t kConvTapWindow = simd::kLanes<A> >= 16 ? 8 : 4;
+
 // Output rows i .. i + R - 1 (out[r]: key 0 of row i + r) of a key-query convolution over the G
 // heads of src with kernel k [G][c_q][c_k]; keys past each row and up to clean_end are written
 // 0. Register block: R rows x two vectors of keys. A source row s feeds output row i + r through
 // query tap a = s - (i + r) - row_off, so each source vector loaded for a key tap c serves every
-// output row of the block that reads it (up to R FMAs per vector loaded, against one for a
-// row-at-a-time loop).
+// output row of the block that reads it. Key taps run outermost: the weights of tap c for a
+// window of query taps are broadcast once into registers and serve every source row of the
+// block, so a pair of FMAs costs one source load instead of a source load and a broadcast (6
+// loads per 8 FMAs in the source-row-major order, where the convolution took 38% of the
+// backward on an AVX-512 core: docs/benchmarks.md). The loops over source rows and output rows
+// are unrolled, so that the weight of tap a = t - r is a register, not an indexed array.
+// Each output's sum runs over (m, query-tap window, c, a) in a fixed order: the same bits for
+// any thread count.
 template <class A, int R>
 void conv_rows_block(float* const* out, const conv_source& src, index_t G, const float* k, index_t cq, index_t ck,
                      index_t row_off, index_t i, index_t clean_end) {
     using V = simd::vfloat<A>;
-    constexpr index_t W = simd::kLanes<A>, NB = 2 * W;
+    constexpr index_t W = simd::kLanes<A>, NB = 2 * W, NW = kConvTapWindow<A>;
     const index_t hk = (ck - 1) / 2, last = i + R - 1, n = (last + NB) / NB * NB;
     for (index_t j0 = 0; j0 < n; j0 += NB) {
         V acc[R][2];
-        for (auto& row : acc) row[0] = V(0.0f), row[1] = V(0.0f);
+        ATTNKIT_UNROLL for (int r = 0; r < R; ++r) acc[r][0] = V(0.0f), acc[r][1] = V(0.0f);
         for (index_t m = 0; m < G; ++m)
-            for (index_t s_row = i + row_off; s_row < i + R + cq - 1 + row_off; ++s_row) {
-                const float* s = src.row(m, s_row);
-                if (!s) continue;
-                s += j0 - hk;
-                const index_t a0 = s_row - i - row_off;  // tap of output row i; row i + r uses a0 - r
+            for (index_t a0 = 0; a0 < cq; a0 += NW) {
+                const index_t nw = std::min(NW, cq - a0);
+                // Source row t of the window (t = 0 .. nw + R - 2) is absolute row i + row_off +
+                // a0 + t and feeds output row r through tap a0 + t - r.
+                const float* s[NW + R - 1];
+                for (index_t t = 0; t < NW + R - 1; ++t) {
+                    const float* p = t < nw + R - 1 ? src.row(m, i + row_off + a0 + t) : nullptr;
+                    s[t] = p ? p + j0 - hk : nullptr;
+                }
+                const float* kw = k + (m * cq + a0) * ck;
                 for (index_t c = 0; c < ck; ++c) {
-                    V x0 = simd::loadu<A>(s + c), x1 = simd::loadu<A>(s + c + W);
-                    // Loaded once for the R rows: left alone GCC 12 folds the load into each of
-                    // the R FMAs that use it (simd::keep_in_register), 12 loads per 8 FMAs.
-                    simd::keep_in_register(x0);
-                    simd::keep_in_register(x1);
-                    for (int r = 0; r < R; ++r) {
-                        const index_t a = a0 - r;
-                        if (a < 0 || a >= cq) continue;
-                        const V w(k[(m * cq + a) * ck + c]);
-                        acc[r][0] = simd::fma(w, x0, acc[r][0]);
-                        acc[r][1] = simd::fma(w, x1, acc[r][1]);
+                    V w[NW];
+                    ATTNKIT_UNROLL for (index_t a = 0; a < NW; ++a) w[a] = V(a < nw ? kw[a * ck + c] : 0.0f);
+                    ATTNKIT_UNROLL for (index_t t = 0; t < NW + R - 1; ++t) {
+                        if (!s[t]) continue;
+                        V x0 = simd::loadu<A>(s[t] + c), x1 = simd::loadu<A>(s[t] + c + W);
+                        // Loaded once for the R rows: left alone GCC 12 folds the load into each of
+                        // the FMAs that use it (simd::keep_in_register).
+                        simd::keep_in_register(x0);
+                        simd::keep_in_register(x1);
+                        ATTNKIT_UNROLL for (int r = 0; r < R; ++r) {
+                            const index_t a = t - r;
+                            if (a < 0 || a >= NW || a >= nw) continue;
+                            acc[r][0] = simd::fma(w[a], x0, acc[r][0]);
+                            acc[r][1] = simd::fma(w[a], x1, acc[r][1]);
+                        }
                     }
                 }
             }
-        for (int r = 0; r < R; ++r) {
+        ATTNKIT_UNROLL for (int r = 0; r < R; ++r) {
             const index_t row = i + r;
             if (j0 > row) {
                 std::fill(out[r] + j0, out[r] + j0 + NB, 0.0f);
