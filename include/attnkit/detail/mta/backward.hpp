@@ -340,9 +340,10 @@ class backward_runner {
         });
     }
 
-    // The row stages (group norm, depth scale, gate) of rows [i0, e2), reversed: do_ from o_ and
-    // d_out, in double (a few flops per output element); the norm's and gate's gradients from the
-    // block's own rows [i0, i1), summed in row and head order.
+    // The row stages (group norm, depth scale, gate) of rows [i0, e2), reversed: do_ from d_out
+    // and o_ (read only with the norm or the gate: block() forms it only then), in double (a few
+    // flops per output element); the norm's and gate's gradients from the block's own rows
+    // [i0, i1), summed in row and head order.
     void row_stages_backward(index_t b, index_t i0, index_t i1, index_t e2) {
         const bool norm = !w_.norm_weight.empty(), gate = !w_.gate_weight.empty();
         const double depth = static_cast<double>(w_.depth);
@@ -359,7 +360,7 @@ class backward_runner {
                     for (index_t c = 0; c < Dv_; ++c) ss += double(o[c]) * o[c];
                     r = 1.0 / std::sqrt(ss / static_cast<double>(Dv_) + static_cast<double>(w_.norm_eps));
                     for (index_t c = 0; c < Dv_; ++c) n[c] = o[c] * r * w_.norm_weight[static_cast<std::size_t>(c)];
-                } else {
+                } else if (gate) {
                     for (index_t c = 0; c < Dv_; ++c) n[c] = o[c];
                 }
                 double s = 1.0;
@@ -444,9 +445,13 @@ class backward_runner {
             sP2 = take();
             mix_rows(w_.head_post.data(), sP1, sP2, i0, e2);
         }
-        over(H_, [&](index_t h) {
-            causal_product(in(rows_of_slot(sP2, h, i0, e2, e2)), i0, v_rows(b, h / grp_, e2), head_rows(o_, h, R2));
-        });
+        // O = P V only feeds the row stages' gradients (the norm's statistics, the gate's input):
+        // without either, d_out passes to dO unchanged but for the depth scale, and O is not formed.
+        if (!w_.norm_weight.empty() || !w_.gate_weight.empty())
+            over(H_, [&](index_t h) {
+                causal_product(in(rows_of_slot(sP2, h, i0, e2, e2)), i0, v_rows(b, h / grp_, e2),
+                               head_rows(o_, h, R2));
+            });
 
         // ---- backward ----
         row_stages_backward(b, i0, i1, e2);
