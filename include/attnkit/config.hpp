@@ -45,6 +45,15 @@
 #endif
 #endif
 
+// The capture default of a member function's lambda that copies its locals and uses the object:
+// [=] captures `this` implicitly up to C++17 and is deprecated for it in C++20, whose spelling
+// [=, this] C++17 does not have.
+#if __cplusplus > 201703L
+#define ATTNKIT_COPY_CAPTURE =, this
+#else
+#define ATTNKIT_COPY_CAPTURE =
+#endif
+
 // ATTNKIT_UNROLL before a loop over a compile-time count of vector registers (an array of
 // accumulators): GCC unrolls such a loop completely at -O3, but at -O2 not when that grows the
 // code, and a loop left rolled keeps its array in memory, a load and a store around every FMA

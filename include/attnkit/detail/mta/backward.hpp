@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "attnkit/detail/gemm.hpp"
@@ -139,6 +140,8 @@ class backward_runner {
     std::vector<double> mix_part_;  // mix_grad's per-chunk sums
     double acc_bias_ = 0.0;
     std::vector<float> o_, do_;  // [rows from i0][H][Dv]: P V before the row stages, and its gradient
+    bool chain_ = false;  // per_head()
+    std::vector<std::function<void(index_t)>> chained_;
     std::vector<std::vector<float>> slots_;
     std::vector<bool> busy_;
     index_t x0_ = 0, clean_ = 0;  // the block's first array row and clean end (keys)
@@ -257,6 +260,37 @@ class backward_runner {
         parallel_for(pool_, n, [&](std::int64_t t) { f(static_cast<index_t>(t)); });
     }
 
+    // A stage of a block that works on each head alone. Staged (the default), it runs at once for
+    // every head; chained (chain_: no head mixing, no norm or gate, one query head per key/value
+    // head, where no stage reads another head's rows), it is kept and run_chained() later runs
+    // every kept stage of one head after the other, a task per head. Each head's arithmetic is
+    // the same either way, so are the bits; what changes is that a head's rows of the block
+    // arrays ([rows][L] floats, 0.7 MiB each at L 2048) stay in the caches from one stage to the
+    // next, where the arrays of all heads (tens of MiB) stream through them at every stage.
+    // Chained stages capture by value: block()'s slot variables change after a stage is kept.
+    template <class F>
+    void per_head(F&& f) {
+        if (chain_)
+            chained_.emplace_back(std::forward<F>(f));
+        else
+            over(H_, f);
+    }
+    // The same for a stage over key/value heads (d_k, d_v: each sums its query heads' rows).
+    template <class F>
+    void per_kv_head(F&& f) {
+        if (chain_)
+            chained_.emplace_back(std::forward<F>(f));  // one query head per key/value head
+        else
+            over(Hk_, f);
+    }
+    void run_chained() {
+        if (chained_.empty()) return;
+        over(H_, [&](index_t h) {
+            for (const auto& f : chained_) f(h);
+        });
+        chained_.clear();
+    }
+
     // dst rows [r0, r1) = mix(src) with w [H][H] as [out][in].
     void mix_rows(const float* w, int src, int dst, index_t r0, index_t r1) {
         over(r1 - r0, [&](index_t t) {
@@ -315,7 +349,7 @@ class backward_runner {
     void conv_rows(int dst, int src, const float* k, const conv_shape& cs, index_t row_off, index_t r0, index_t r1,
                    index_t lo, index_t hi) {
         const index_t G = cs.groups, cq = cs.c_q, ck = cs.c_k;
-        over(H_, [&](index_t h) {
+        per_head([ATTNKIT_COPY_CAPTURE](index_t h) {
             std::vector<const float*> from(static_cast<std::size_t>(G));
             const index_t g0 = h / G * G;
             for (index_t m = 0; m < G; ++m) from[m] = row(src, g0 + m, x0_);
@@ -330,13 +364,14 @@ class backward_runner {
     void conv_grad(std::vector<double>& dk, int dy, int src, const conv_shape& cs, index_t row_off, index_t i0,
                    index_t i1, index_t lo, index_t hi) {
         const index_t G = cs.groups, cq = cs.c_q, ck = cs.c_k;
-        over(H_, [&](index_t h) {
+        double* const dkp = dk.data();
+        per_head([ATTNKIT_COPY_CAPTURE](index_t h) {
             std::vector<const float*> from(static_cast<std::size_t>(G));
             const index_t g0 = h / G * G;
             for (index_t m = 0; m < G; ++m) from[m] = row(src, g0 + m, x0_);
             const conv_source cs_src{from.data(), x0_, lo, hi, ls_};
             for (index_t i = i0; i < i1; ++i)
-                conv_grad_row<A>(dk.data() + h * G * cq * ck, row(dy, h, i), cs_src, G, cq, ck, row_off, i);
+                conv_grad_row<A>(dkp + h * G * cq * ck, row(dy, h, i), cs_src, G, cq, ck, row_off, i);
         });
     }
 
@@ -397,6 +432,7 @@ class backward_runner {
 
     void block(index_t b, index_t i0, index_t i1) {
         const bool pre = w_.pre.on(), post = w_.post.on(), mpre = w_.head_pre_on(), mpost = w_.head_post_on();
+        chain_ = !mpre && !mpost && w_.norm_weight.empty() && w_.gate_weight.empty() && grp_ == 1;
         const index_t e1 = std::min(L_, i1 + hp_), e2 = std::min(L_, e1 + hq_);
         const index_t p0 = std::max<index_t>(0, i0 - hq_), x0 = std::max<index_t>(0, p0 - hp_);
         const index_t R = i1 - i0, R2 = e2 - i0;
@@ -405,7 +441,7 @@ class backward_runner {
 
         // ---- forward, recomputed ----
         const int sX = take();
-        over(H_, [&](index_t h) {
+        per_head([ATTNKIT_COPY_CAPTURE](index_t h) {
             gemm_on<A>(q_rows(b, h, x0, e2), gemm_op::none, k_rows(b, h / grp_, e2), gemm_op::transpose,
                        rows_of_slot(sX, h, x0, e2, e2));
             const V sc(scale_);
@@ -428,7 +464,7 @@ class backward_runner {
             mix_rows(w_.head_pre.data(), sY1, sY2, p0, e2);
         }
         const int sP = take();
-        over(H_, [&](index_t h) {
+        per_head([ATTNKIT_COPY_CAPTURE](index_t h) {
             for (index_t i = p0; i < e2; ++i) softmax_row<A>(row(sY2, h, i), row(sP, h, i), i, clean_);
         });
         // Kept: X for the pre kernel's gradient, Y1 for the pre mixing's.
@@ -448,7 +484,7 @@ class backward_runner {
         // O = P V only feeds the row stages' gradients (the norm's statistics, the gate's input):
         // without either, d_out passes to dO unchanged but for the depth scale, and O is not formed.
         if (!w_.norm_weight.empty() || !w_.gate_weight.empty())
-            over(H_, [&](index_t h) {
+            per_head([ATTNKIT_COPY_CAPTURE](index_t h) {
                 causal_product(in(rows_of_slot(sP2, h, i0, e2, e2)), i0, v_rows(b, h / grp_, e2),
                                head_rows(o_, h, R2));
             });
@@ -456,7 +492,7 @@ class backward_runner {
         // ---- backward ----
         row_stages_backward(b, i0, i1, e2);
         const int sdP2 = take();
-        over(H_, [&](index_t h) {
+        per_head([ATTNKIT_COPY_CAPTURE](index_t h) {
             gemm_on<A>(in(head_rows(do_, h, R2)), gemm_op::none, v_rows(b, h / grp_, e2), gemm_op::transpose,
                        rows_of_slot(sdP2, h, i0, e2, e2));
             for (index_t i = i0; i < e2; ++i) {
@@ -464,7 +500,7 @@ class backward_runner {
                 std::fill(x + i + 1, x + clean_, 0.0f);
             }
         });
-        over(Hk_, [&](index_t kvh) {
+        per_kv_head([ATTNKIT_COPY_CAPTURE](index_t kvh) {
             const matrix_ref<float> dv{g_.d_v.data + b * g_.d_v.strides[0] + kvh * g_.d_v.strides[2], i1, Dv_,
                                        g_.d_v.strides[1]};
             for (index_t h = kvh * grp_; h < (kvh + 1) * grp_; ++h)
@@ -487,7 +523,7 @@ class backward_runner {
             conv_rows(sdP, sdP1, flip_post_.data(), w_.post, 0, i0, e1, i0, e2);
             give(sdP1);
         }
-        over(H_, [&](index_t h) {
+        per_head([ATTNKIT_COPY_CAPTURE](index_t h) {
             for (index_t i = i0; i < e1; ++i) softmax_grad_row<A>(row(sP, h, i), row(sdP, h, i), i, clean_);
         });
         give(sP);
@@ -508,7 +544,7 @@ class backward_runner {
             give(sX);
         }
         // dS = scale Mask0(dX) (clean rows are 0 after the diagonal), then the products.
-        over(H_, [&](index_t h) {
+        per_head([ATTNKIT_COPY_CAPTURE](index_t h) {
             const V sc(scale_);
             for (index_t i = i0; i < i1; ++i) {
                 float* x = row(sdX, h, i);
@@ -520,13 +556,14 @@ class backward_runner {
                                        gq.strides[1]};
             causal_product(in(rows_of_slot(sdX, h, i0, i1, i1)), i0, k_rows(b, h / grp_, i1), dq);
         });
-        over(Hk_, [&](index_t kvh) {
+        per_kv_head([ATTNKIT_COPY_CAPTURE](index_t kvh) {
             const matrix_ref<float> dk{g_.d_k.data + b * g_.d_k.strides[0] + kvh * g_.d_k.strides[2], i1, D_,
                                        g_.d_k.strides[1]};
             for (index_t h = kvh * grp_; h < (kvh + 1) * grp_; ++h)
                 causal_product_transposed(in(rows_of_slot(sdX, h, i0, i1, i1)), i0, q_rows(b, h, i0, i1), dk);
         });
         give(sdX);
+        run_chained();
     }
 };
 
