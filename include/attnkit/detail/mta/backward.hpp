@@ -25,6 +25,10 @@
 // d_out are the engine's GEMM (detail/gemm.hpp, transposed operands read in place); the head
 // mixings are detail/mta/tile_ops.hpp's head_mix.
 //
+// Without head mixing, norm or gate, and with one query head per key/value head, no stage reads
+// another head's rows: a block then runs all its stages for one head after the other (per_head),
+// so that a head's rows of the arrays stay in the caches between stages.
+//
 // Threads: the blocks run in order and each stage of a block is split over heads (key/value heads
 // for d_k and d_v, rows for the head mixing, fixed chunks of rows for its weight gradient), every
 // output element and every accumulator written by one task in a fixed order; the weight
