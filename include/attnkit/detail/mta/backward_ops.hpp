@@ -45,9 +45,10 @@ constexpr index_t kConvTapWindow = simd::kLanes<A> >= 16 ? 8 : 4;
 // output row of the block that reads it. Key taps run outermost: the weights of tap c for a
 // window of query taps are broadcast once into registers and serve every source row of the
 // block, so a pair of FMAs costs one source load instead of a source load and a broadcast (6
-// loads per 8 FMAs in the source-row-major order, where the convolution took 38% of the
-// backward on an AVX-512 core: docs/benchmarks.md). The loops over source rows and output rows
-// are unrolled, so that the weight of tap a = t - r is a register, not an indexed array.
+// loads per 8 FMAs in the source-row-major order). The loops over source rows and output rows
+// are unrolled, so that the accumulators and the weight of tap a = t - r are registers, not
+// arrays indexed at run time, which GCC keeps on the stack (a store and a load around every FMA;
+// docs/benchmarks.md, "The convolution's accumulators in registers").
 // Each output's sum runs over (m, query-tap window, c, a) in a fixed order: the same bits for
 // any thread count.
 template <class A, int R>
