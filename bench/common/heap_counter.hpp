@@ -3,7 +3,8 @@
 // exactly one translation unit of a benchmark program (each program is one).
 //
 //   attnkit_bench::time_counting_heap(state, call, flops_per_call, threads);
-//       one warm-up call, whose heap peak beyond what was live is reported as extra_MiB, then
+//       one warm-up call on a new thread, whose heap peak beyond what was live is reported as
+//       extra_MiB (the scratch the call keeps included), then
 //       call() timed over the benchmark's iterations with the FLOP counters of bench_main.hpp
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <thread>
 
 #include "common/bench_main.hpp"
 #include "common/machine.hpp"
@@ -44,11 +46,15 @@ inline std::int64_t heap_peak() { return heap_detail::g_peak.load(); }
 // From now on the peak counts from what is live now.
 inline void heap_reset_peak() { heap_detail::g_peak.store(heap_detail::g_live.load()); }
 
+// The warm-up call runs on a thread of its own: the kernels keep their scratch per thread across
+// calls (include/attnkit/detail/scratch.hpp), so on the benchmark's thread a call after a larger
+// one would allocate nothing and report no extra memory. A new thread starts with none, and
+// frees what it kept when it ends, inside the measured window.
 template <class Call>
 void time_counting_heap(benchmark::State& state, Call&& call, double flops, int threads) {
     const std::int64_t before = heap_live();
     heap_reset_peak();
-    call();  // warm-up, and the extra heap of one call
+    std::thread([&] { call(); }).join();  // warm-up, and the extra heap of one call
     const double extra = static_cast<double>(heap_peak() - before);
     const double cpu0 = process_cpu_seconds();
     const auto t0 = clock_type::now();

@@ -18,9 +18,10 @@
 // each block recomputes the forward for its rows and the halo rows its convolutions' transposes
 // need (c_q - 1 after the block per convolution, and before it for the forward), then reverses
 // the stages; the transpose of a key-query cross-correlation is the correlation with the flipped
-// kernel over the same band. Scratch: a few [H, block rows + halos, L] float arrays for the call,
-// the block height bounded so that they stay within ATTNKIT_MTA_BACKWARD_SCRATCH_MIB (96 MiB);
-// no [H, L, L] tensor. Each stage of a block is split over the heads, and every gradient element
+// kernel over the same band. Scratch: a few [H, block rows + halos, L] float arrays, the block
+// height bounded so that they stay within ATTNKIT_MTA_BACKWARD_SCRATCH_MIB (96 MiB), kept by the
+// calling thread for its next call (detail/scratch.hpp: freed when the thread exits); no
+// [H, L, L] tensor. Each stage of a block is split over the heads, and every gradient element
 // and weight-gradient partial is summed by one task in a fixed order (weights in double), so the
 // results are bitwise identical for any thread count.
 //

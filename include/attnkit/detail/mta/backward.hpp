@@ -20,8 +20,9 @@
 //                        twice.
 //
 // Each array is dense [H][rows][keys] floats for the block (detail/mta/backward_ops.hpp's clean
-// rows): O(block rows x L x H) scratch for the call, with the block height chosen so that the
-// arrays fit kBackwardScratchBytes; the [H, L, L] tensors never exist. The products with q, k, v and
+// rows): O(block rows x L x H) scratch, with the block height chosen so that the arrays fit
+// kBackwardScratchBytes, kept by the calling thread for its next call; the [H, L, L] tensors never
+// exist. The products with q, k, v and
 // d_out are the engine's GEMM (detail/gemm.hpp, transposed operands read in place); the head
 // mixings are detail/mta/tile_ops.hpp's head_mix.
 //
@@ -46,6 +47,7 @@
 #include "attnkit/detail/mta/backward_ops.hpp"
 #include "attnkit/detail/mta/params.hpp"
 #include "attnkit/detail/mta/tile_ops.hpp"
+#include "attnkit/detail/scratch.hpp"
 #include "attnkit/thread_pool.hpp"
 #include "attnkit/view.hpp"
 
@@ -146,7 +148,14 @@ class backward_runner {
     std::vector<float> o_, do_;  // [rows from i0][H][Dv]: P V before the row stages, and its gradient
     bool chain_ = false;  // per_head()
     std::vector<std::function<void(index_t)>> chained_;
-    std::vector<std::vector<float>> slots_;
+    // The block arrays, kept by the calling thread across calls (detail/scratch.hpp): tens of MiB,
+    // which allocated per call came from fresh pages, each faulted in and zeroed, a fifth of the
+    // backward's time at L 2048 (docs/benchmarks.md, "The block arrays kept across calls").
+    struct slot_pool {
+        std::vector<std::vector<float>> slots;
+    };
+    scratch_object<slot_pool> pool_lease_;
+    std::vector<std::vector<float>>& slots_ = pool_lease_.get().slots;
     std::vector<bool> busy_;
     index_t x0_ = 0, clean_ = 0;  // the block's first array row and clean end (keys)
 
@@ -187,15 +196,22 @@ class backward_runner {
     }
 
     int take() {
-        for (std::size_t s = 0; s < slots_.size(); ++s)
+        for (std::size_t s = 0; s < busy_.size(); ++s)
             if (!busy_[s]) {
                 busy_[s] = true;
                 return static_cast<int>(s);
             }
-        // Zero-filled once: the padding before key 0 is never written.
-        slots_.emplace_back(static_cast<std::size_t>(H_ * nr_ * ls_), 0.0f);
+        // A slot of an earlier call holds its values, at that call's row layout. Every stage writes
+        // the keys it produces up to the block's clean end; the padding before key 0, which the
+        // convolutions read as zeros, is never written, so it is zeroed here, once per call.
+        const std::size_t s = busy_.size();
+        if (s == slots_.size()) slots_.emplace_back();
+        std::vector<float>& buf = slots_[s];
+        const std::size_t n = static_cast<std::size_t>(H_ * nr_ * ls_);
+        if (buf.size() < n) buf.resize(n);
+        for (index_t r = 0; r < H_ * nr_; ++r) std::fill_n(buf.data() + r * ls_, pad_, 0.0f);
         busy_.push_back(true);
-        return static_cast<int>(slots_.size() - 1);
+        return static_cast<int>(s);
     }
     void give(int s) { busy_[static_cast<std::size_t>(s)] = false; }
 
