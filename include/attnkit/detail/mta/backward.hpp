@@ -116,6 +116,7 @@ class backward_runner {
         acc_head_post_.assign(w.head_post.size(), 0.0);
         acc_norm_.assign(w.norm_weight.size(), 0.0);
         acc_gate_.assign(w.gate_weight.size(), 0.0);
+        zero_row_.assign(static_cast<std::size_t>(ls_), 0.0f);
         o_.assign(static_cast<std::size_t>(nr_ * H_ * Dv_), 0.0f);
         do_.assign(static_cast<std::size_t>(nr_ * H_ * Dv_), 0.0f);
     }
@@ -145,6 +146,7 @@ class backward_runner {
     std::vector<double> acc_kq_pre_, acc_kq_post_, acc_head_pre_, acc_head_post_, acc_norm_, acc_gate_;
     std::vector<double> mix_part_;  // mix_grad's per-chunk sums
     double acc_bias_ = 0.0;
+    std::vector<float> zero_row_;  // keys 0 .. ls_ of a row of zeros
     std::vector<float> o_, do_;  // [rows from i0][H][Dv]: P V before the row stages, and its gradient
     bool chain_ = false;  // per_head()
     std::vector<std::function<void(index_t)>> chained_;
@@ -390,8 +392,13 @@ class backward_runner {
             const index_t g0 = h / G * G;
             for (index_t m = 0; m < G; ++m) from[m] = row(src, g0 + m, x0_);
             const conv_source cs_src{from.data(), x0_, lo, hi, ls_};
-            for (index_t i = i0; i < i1; ++i)
-                conv_grad_row<A>(dkp + h * G * cq * ck, row(dy, h, i), cs_src, G, cq, ck, row_off, i);
+            for (index_t i = i0; i < i1; i += kConvGradRows) {
+                // Rows past the block's own are the next block's: a zero row stands in for them.
+                const float* rows[kConvGradRows];
+                for (index_t r = 0; r < kConvGradRows; ++r) rows[r] = i + r < i1 ? row(dy, h, i + r) : zero_row_.data();
+                conv_grad_rows<A>(dkp + h * G * cq * ck, rows, cs_src, G, cq, ck, row_off, i,
+                                  round_up(i + kConvGradRows, simd::kLanes<A>));
+            }
         });
     }
 

@@ -8,7 +8,8 @@
 //                  for j <= i (0 after): the forward cross-correlation (row_off = -(c_q - 1)) and,
 //                  with the kernel flipped, its transpose (row_off = 0: the rows that read row i
 //                  are i .. i + c_q - 1, the keys j - hk .. j + hk)
-//   conv_grad_row  dk[m][a][c] += <dy row i, in[m][row i + a + row_off] shifted by c - hk>
+//   conv_grad_rows dk[m][a][c] += sum over dy rows i .. i + 3 of <dy row, in[m][row + a + row_off]
+//                  shifted by c - hk>
 //   softmax_row, softmax_grad_row
 #pragma once
 
@@ -162,46 +163,73 @@ ATTNKIT_ALWAYS_INLINE void dots_block(const float* const* ya, const float* const
         for (int b = 0; b < BG; ++b) out[a][b] = simd::hsum(acc[a][b]);
 }
 
-// dk[m][a][c] += sum_{j <= i} dy[j] in[m][row i + a + row_off][j + c - hk], the row's float sum
-// added to the double accumulator (compile-time c_k: one accumulator per key tap).
-template <class A, int kCk>
-void conv_grad_row_impl(double* dk, const float* dy, const conv_source& src, index_t G, index_t cq, index_t ck,
-                        index_t row_off, index_t i) {
+// Rows a block of the kernel gradient takes together (conv_grad_rows): dy rows i .. i + 3.
+constexpr index_t kConvGradRows = 4;
+
+// dk[m][a][c] += sum_{r < 4} sum_j dy[r][j] in[m][row i + r + a + row_off][j + c - hk], for the
+// four dy rows i .. i + 3 (dy[r]: key 0 of row i + r, 0 after key i + r up to n, a multiple of
+// the lane count past key i + 3). Source row t (absolute row i + row_off + t) pairs with dy row
+// r through query tap a = t - r, so each source vector, loaded once per key tap c, serves every
+// dy row of the block that reads it: per vector of keys, 4 dy loads and c_q + 3 source loads for
+// 4 c_q FMAs, where a row at a time took a dy load and c_k source loads for c_k FMAs (load-bound:
+// the source loads are unaligned, most of them split across cache lines). The accumulators are
+// the query taps' (kCq of them; kCq = 0: any c_q, in windows of 8 with run-time checks), so that
+// loops over them unroll into registers. Each (a, c) is one float sum over the block's rows and
+// keys, added to the double accumulator: its order depends only on the block's rows, which do
+// not depend on the thread count.
+template <class A, int kCq>
+void conv_grad_rows_impl(double* dk, const float* const* dy, const conv_source& src, index_t G, index_t cq,
+                         index_t ck, index_t row_off, index_t i, index_t n) {
     using V = simd::vfloat<A>;
-    constexpr index_t W = simd::kLanes<A>;
-    const index_t hk = (ck - 1) / 2, n = (i + W) / W * W;  // dy is 0 after key i
+    constexpr index_t W = simd::kLanes<A>, R = kConvGradRows, NW = kCq > 0 ? kCq : 8;
+    const index_t hk = (ck - 1) / 2;
     for (index_t m = 0; m < G; ++m)
-        for (index_t a = 0; a < cq; ++a) {
-            const float* s = src.row(m, i + a + row_off);
-            if (!s) continue;
-            s -= hk;
-            double* d = dk + (m * cq + a) * ck;
-            if constexpr (kCk > 0) {
-                V acc[kCk];
-                for (auto& x : acc) x = V(0.0f);
+        for (index_t a0 = 0; a0 < cq; a0 += NW) {
+            const index_t nw = kCq > 0 ? kCq : std::min(NW, cq - a0);
+            const float* s[NW + R - 1];
+            for (index_t t = 0; t < NW + R - 1; ++t) {
+                const float* p = t < nw + R - 1 ? src.row(m, i + row_off + a0 + t) : nullptr;
+                s[t] = p ? p - hk : nullptr;
+            }
+            double* d = dk + (m * cq + a0) * ck;
+            for (index_t c = 0; c < ck; ++c) {
+                V acc[NW];
+                ATTNKIT_UNROLL for (index_t a = 0; a < NW; ++a) acc[a] = V(0.0f);
                 for (index_t j = 0; j < n; j += W) {
-                    const V g = simd::loadu<A>(dy + j);
-#pragma GCC unroll 16
-                    for (int c = 0; c < kCk; ++c) acc[c] = simd::fma(g, simd::loadu<A>(s + j + c), acc[c]);
+                    V y[R];
+                    ATTNKIT_UNROLL for (index_t r = 0; r < R; ++r) {
+                        y[r] = simd::loadu<A>(dy[r] + j);
+                        simd::keep_in_register(y[r]);
+                    }
+                    ATTNKIT_UNROLL for (index_t t = 0; t < NW + R - 1; ++t) {
+                        if (!s[t]) continue;
+                        V x = simd::loadu<A>(s[t] + j + c);
+                        simd::keep_in_register(x);
+                        ATTNKIT_UNROLL for (index_t r = 0; r < R; ++r) {
+                            const index_t a = t - r;
+                            if (a < 0 || a >= NW || (kCq == 0 && a >= nw)) continue;
+                            acc[a] = simd::fma(y[r], x, acc[a]);
+                        }
+                    }
                 }
-                for (int c = 0; c < kCk; ++c) d[c] += static_cast<double>(simd::hsum(acc[c]));
-            } else {
-                for (index_t c = 0; c < ck; ++c) d[c] += static_cast<double>(simd::dot<A>(dy, s + c, n));
+                for (index_t a = 0; a < nw; ++a) d[a * ck + c] += static_cast<double>(simd::hsum(acc[a]));
             }
         }
 }
 
 template <class A>
-void conv_grad_row(double* dk, const float* dy, const conv_source& src, index_t G, index_t cq, index_t ck,
-                   index_t row_off, index_t i) {
-    switch (ck) {  // the paper's 11 and the small odd sizes keep their accumulators in registers
-        case 1: return conv_grad_row_impl<A, 1>(dk, dy, src, G, cq, ck, row_off, i);
-        case 3: return conv_grad_row_impl<A, 3>(dk, dy, src, G, cq, ck, row_off, i);
-        case 5: return conv_grad_row_impl<A, 5>(dk, dy, src, G, cq, ck, row_off, i);
-        case 7: return conv_grad_row_impl<A, 7>(dk, dy, src, G, cq, ck, row_off, i);
-        case 9: return conv_grad_row_impl<A, 9>(dk, dy, src, G, cq, ck, row_off, i);
-        case 11: return conv_grad_row_impl<A, 11>(dk, dy, src, G, cq, ck, row_off, i);
-        default: return conv_grad_row_impl<A, 0>(dk, dy, src, G, cq, ck, row_off, i);
+void conv_grad_rows(double* dk, const float* const* dy, const conv_source& src, index_t G, index_t cq, index_t ck,
+                    index_t row_off, index_t i, index_t n) {
+    switch (cq) {  // the paper's 6 and the other small sizes keep their accumulators in registers
+        case 1: return conv_grad_rows_impl<A, 1>(dk, dy, src, G, cq, ck, row_off, i, n);
+        case 2: return conv_grad_rows_impl<A, 2>(dk, dy, src, G, cq, ck, row_off, i, n);
+        case 3: return conv_grad_rows_impl<A, 3>(dk, dy, src, G, cq, ck, row_off, i, n);
+        case 4: return conv_grad_rows_impl<A, 4>(dk, dy, src, G, cq, ck, row_off, i, n);
+        case 5: return conv_grad_rows_impl<A, 5>(dk, dy, src, G, cq, ck, row_off, i, n);
+        case 6: return conv_grad_rows_impl<A, 6>(dk, dy, src, G, cq, ck, row_off, i, n);
+        case 7: return conv_grad_rows_impl<A, 7>(dk, dy, src, G, cq, ck, row_off, i, n);
+        case 8: return conv_grad_rows_impl<A, 8>(dk, dy, src, G, cq, ck, row_off, i, n);
+        default: return conv_grad_rows_impl<A, 0>(dk, dy, src, G, cq, ck, row_off, i, n);
     }
 }
 
