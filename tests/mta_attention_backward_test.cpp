@@ -287,6 +287,36 @@ TEST(mta_attention_backward, heads) {
     }
 }
 
+// With one query head per key/value head and no stage that reads across heads (mixing, norm,
+// gate), a block runs all its stages one head after the other (backward_runner::per_head); a
+// grouped convolution (G > 1) still reads the other heads of its group, which must be ready.
+// Long enough (L * H above kSerialStageWork) for the pool to split the heads.
+TEST(mta_attention_backward, head_by_head_blocks) {
+    for (index_t G : {1, 2})
+        for (unsigned s : {unsigned(kPreConv), unsigned(kPostConv | kDepth), unsigned(kPreConv | kPostConv)}) {
+            config c;
+            c.L = 260, c.H = 8, c.Hk = 8, c.G = G, c.cq = 3, c.ck = 5, c.stages = s, c.seed = 400 + s + G;
+            if (kReducedSweep && s != unsigned(kPreConv | kPostConv)) continue;
+            SCOPED_TRACE(describe(c));
+            const problem p(c);
+            const grads one = p.run();
+            expect_matches_oracle(p, one);
+            for (int n : {2, 3}) {
+                attnkit::thread_pool pool(n);
+                const grads more = p.run(&pool);
+                EXPECT_TRUE(all_close(more.dq, one.dq, 0.0, 0.0)) << n << " threads";
+                EXPECT_TRUE(all_close(more.dk, one.dk, 0.0, 0.0)) << n << " threads";
+                EXPECT_TRUE(all_close(more.dv, one.dv, 0.0, 0.0)) << n << " threads";
+                if (s & kPreConv) {
+                    EXPECT_TRUE(all_close(more.kq_pre, one.kq_pre, 0.0, 0.0)) << n << " threads";
+                }
+                if (s & kPostConv) {
+                    EXPECT_TRUE(all_close(more.kq_post, one.kq_post, 0.0, 0.0)) << n << " threads";
+                }
+            }
+        }
+}
+
 // Identity kernels and W = I: MTA is causal softmax attention, and so are its gradients.
 TEST(mta_attention_backward, identity_equals_softmax_backward) {
     for (index_t G : {1, 2}) {

@@ -26,9 +26,10 @@
 // d_out are the engine's GEMM (detail/gemm.hpp, transposed operands read in place); the head
 // mixings are detail/mta/tile_ops.hpp's head_mix.
 //
-// Without head mixing, norm or gate, and with one query head per key/value head, no stage reads
-// another head's rows: a block then runs all its stages for one head after the other (per_head),
-// so that a head's rows of the arrays stay in the caches between stages.
+// Most stages read only their own head's rows (a grouped convolution its group's, d_k and d_v a
+// key/value head's query heads): between two stages that read across heads (the mixings, the
+// row stages), a block runs those stages one unit of heads after the other (per_head), so that a
+// unit's rows of the arrays stay in the caches between stages.
 //
 // Threads: the blocks run in order and each stage of a block is split over heads (key/value heads
 // for d_k and d_v, rows for the head mixing, fixed chunks of rows for its weight gradient), every
@@ -40,6 +41,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <numeric>
 #include <vector>
 
 #include "attnkit/detail/gemm.hpp"
@@ -106,6 +108,9 @@ class backward_runner {
         // and waiting for them: run those on the calling thread. Every index of a stage writes
         // its own outputs, so where it runs changes no bit.
         if (L_ * H_ < kSerialStageWork) pool_ = nullptr;
+        unit_ = std::lcm(std::lcm(w.pre.on() ? w.pre.groups : 1, w.post.on() ? w.post.groups : 1), grp_);
+        // Chained while there are units enough for the threads (the bits are the same either way).
+        chain_ = H_ / unit_ >= (pool_ ? static_cast<index_t>(pool_->size()) : 1);
         if (w.pre.on()) flip_pre_ = flipped(w.kq_pre, w.pre);
         if (w.post.on()) flip_post_ = flipped(w.kq_post, w.post);
         if (w.head_pre_on()) wt_pre_ = transposed(w.head_pre);
@@ -148,7 +153,10 @@ class backward_runner {
     double acc_bias_ = 0.0;
     std::vector<float> zero_row_;  // keys 0 .. ls_ of a row of zeros
     std::vector<float> o_, do_;  // [rows from i0][H][Dv]: P V before the row stages, and its gradient
-    bool chain_ = false;  // per_head()
+    // per_head(): the heads a chained task runs (a convolution group, a key/value head's query
+    // heads: every head a head's stages read), and whether stages are chained.
+    index_t unit_ = 1;
+    bool chain_ = false;
     std::vector<std::function<void(index_t)>> chained_;
     // The block arrays, kept by the calling thread across calls (detail/scratch.hpp): tens of MiB,
     // which allocated per call came from fresh pages, each faulted in and zeroed, a fifth of the
@@ -282,39 +290,42 @@ class backward_runner {
         parallel_for(pool_, n, [&](std::int64_t t) { f(static_cast<index_t>(t)); });
     }
 
-    // A stage of a block that works on each head alone. Staged (the default), it runs at once for
-    // every head; chained (chain_: no head mixing, no norm or gate, one query head per key/value
-    // head, where no stage reads another head's rows), it is kept and run_chained() later runs
-    // every kept stage of one head after the other, a task per head. Each head's arithmetic is
-    // the same either way, so are the bits; what changes is that a head's rows of the block
-    // arrays ([rows][L] floats, 0.7 MiB each at L 2048) stay in the caches from one stage to the
-    // next, where the arrays of all heads (tens of MiB) stream through them at every stage.
+    // A stage of a block that works on each head alone (reading at most the other heads of its
+    // unit: a grouped convolution's group). Staged, it runs at once for every head; chained
+    // (chain_), it is kept, and run_chained() runs the kept stages unit by unit, a task per unit
+    // of heads (unit_: the convolutions' groups and a key/value head's query heads), every stage
+    // for the unit before the next unit. A stage that reads across units (the head mixings and
+    // the row stages read every head of a row) runs the kept stages first. Each head's arithmetic
+    // is the same either way, so are the bits; what changes is that a unit's rows of the block
+    // arrays ([rows][L] floats, 0.7 MiB per head at L 2048) stay in the caches from one stage to
+    // the next, where the arrays of all heads (tens of MiB) stream through them at every stage.
     // Chained stages capture by value: block()'s slot variables change after a stage is kept.
     template <class F>
     void per_head(F&& f) {
-        if (chain_)
-            chained_.emplace_back(std::forward<F>(f));
-        else
-            over(H_, f);
+        if (!chain_) return over(H_, f);
+        chained_.emplace_back([f = std::forward<F>(f), n = unit_](index_t u) {
+            for (index_t h = u * n; h < (u + 1) * n; ++h) f(h);
+        });
     }
     // The same for a stage over key/value heads (d_k, d_v: each sums its query heads' rows).
     template <class F>
     void per_kv_head(F&& f) {
-        if (chain_)
-            chained_.emplace_back(std::forward<F>(f));  // one query head per key/value head
-        else
-            over(Hk_, f);
+        if (!chain_) return over(Hk_, f);
+        chained_.emplace_back([f = std::forward<F>(f), n = unit_ / grp_](index_t u) {
+            for (index_t kvh = u * n; kvh < (u + 1) * n; ++kvh) f(kvh);
+        });
     }
     void run_chained() {
         if (chained_.empty()) return;
-        over(H_, [&](index_t h) {
-            for (const auto& f : chained_) f(h);
+        over(H_ / unit_, [&](index_t u) {
+            for (const auto& f : chained_) f(u);
         });
         chained_.clear();
     }
 
     // dst rows [r0, r1) = mix(src) with w [H][H] as [out][in].
     void mix_rows(const float* w, int src, int dst, index_t r0, index_t r1) {
+        run_chained();
         over(r1 - r0, [&](index_t t) {
             const index_t i = r0 + t, n = round_up(i + 1, RT);
             std::vector<const float*> from(static_cast<std::size_t>(H_));
@@ -336,6 +347,7 @@ class backward_runner {
     static constexpr int kMixH = 2, kMixG = 4;
     static constexpr index_t kMixRows = 8;
     void mix_grad(std::vector<double>& dw, int dy, int x, index_t i0, index_t i1) {
+        run_chained();
         const index_t nc = (i1 - i0 + kMixRows - 1) / kMixRows, HH = H_ * H_;
         mix_part_.assign(static_cast<std::size_t>(nc * HH), 0.0);
         over(nc, [&](index_t c) {
@@ -407,6 +419,7 @@ class backward_runner {
     // flops per output element); the norm's and gate's gradients from the block's own rows
     // [i0, i1), summed in row and head order.
     void row_stages_backward(index_t b, index_t i0, index_t i1, index_t e2) {
+        run_chained();
         const bool norm = !w_.norm_weight.empty(), gate = !w_.gate_weight.empty();
         const double depth = static_cast<double>(w_.depth);
         std::vector<double> n(static_cast<std::size_t>(Dv_)), dn(static_cast<std::size_t>(Dv_));
@@ -459,7 +472,6 @@ class backward_runner {
 
     void block(index_t b, index_t i0, index_t i1) {
         const bool pre = w_.pre.on(), post = w_.post.on(), mpre = w_.head_pre_on(), mpost = w_.head_post_on();
-        chain_ = !mpre && !mpost && w_.norm_weight.empty() && w_.gate_weight.empty() && grp_ == 1;
         const index_t e1 = std::min(L_, i1 + hp_), e2 = std::min(L_, e1 + hq_);
         const index_t p0 = std::max<index_t>(0, i0 - hq_), x0 = std::max<index_t>(0, p0 - hp_);
         const index_t R = i1 - i0, R2 = e2 - i0;
