@@ -22,9 +22,8 @@
 // Each array is dense [H][rows][keys] floats for the block (detail/mta/backward_ops.hpp's clean
 // rows): O(block rows x L x H) scratch, with the block height chosen so that the arrays fit
 // kBackwardScratchBytes, kept by the calling thread for its next call; the [H, L, L] tensors never
-// exist. The products with q, k, v and
-// d_out are the engine's GEMM (detail/gemm.hpp, transposed operands read in place); the head
-// mixings are detail/mta/tile_ops.hpp's head_mix.
+// exist. The products with q, k, v and d_out are the engine's GEMM (detail/gemm.hpp, transposed
+// operands read in place); the head mixings are detail/mta/tile_ops.hpp's head_mix.
 //
 // Most stages read only their own head's rows (a grouped convolution its group's, d_k and d_v a
 // key/value head's query heads): between two stages that read across heads (the mixings, the
@@ -405,11 +404,14 @@ class backward_runner {
             for (index_t m = 0; m < G; ++m) from[m] = row(src, g0 + m, x0_);
             const conv_source cs_src{from.data(), x0_, lo, hi, ls_};
             for (index_t i = i0; i < i1; i += kConvGradRows) {
-                // Rows past the block's own are the next block's: a zero row stands in for them.
+                // Rows past the block's own are the next block's: a zero row stands in for them,
+                // and the keys end with the last real row's (past it, the source rows' keys plus
+                // the key halo could reach beyond what this block wrote, left from an earlier
+                // block or call: 0 times a NaN there would be NaN).
                 const float* rows[kConvGradRows];
                 for (index_t r = 0; r < kConvGradRows; ++r) rows[r] = i + r < i1 ? row(dy, h, i + r) : zero_row_.data();
                 conv_grad_rows<A>(dkp + h * G * cq * ck, rows, cs_src, G, cq, ck, row_off, i,
-                                  round_up(i + kConvGradRows, simd::kLanes<A>));
+                                  round_up(std::min(i + kConvGradRows, i1), simd::kLanes<A>));
             }
         });
     }

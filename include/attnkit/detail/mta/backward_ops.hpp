@@ -168,7 +168,7 @@ constexpr index_t kConvGradRows = 4;
 
 // dk[m][a][c] += sum_{r < 4} sum_j dy[r][j] in[m][row i + r + a + row_off][j + c - hk], for the
 // four dy rows i .. i + 3 (dy[r]: key 0 of row i + r, 0 after key i + r up to n, a multiple of
-// the lane count past key i + 3). Source row t (absolute row i + row_off + t) pairs with dy row
+// the lane count past the last key of the rows that are not all 0). Source row t (absolute row i + row_off + t) pairs with dy row
 // r through query tap a = t - r, so each source vector, loaded once per key tap c, serves every
 // dy row of the block that reads it: per vector of keys, 4 dy loads and c_q + 3 source loads for
 // 4 c_q FMAs, where a row at a time took a dy load and c_k source loads for c_k FMAs (load-bound:
