@@ -13,7 +13,10 @@
 //                           recomputation, every stage on materialised score tensors, as an
 //                           autograd framework keeps them); L = 1024 and 2048 (six [H, L, L]
 //                           float arrays: 0.4 GiB at 1024, 1.6 GiB at 2048; ATTNKIT_BENCH_QUICK=1
-//                           runs 1024 only)
+//                           runs 1024 only). Like the fused backward it keeps its arrays for the
+//                           thread's next call, so the timed calls fault in no pages (as with an
+//                           allocator that caches blocks); the warm-up call, on a thread of its
+//                           own, pays for them and reports them in extra_MiB
 // Shapes: H = 16, D = 96 at L = 1024 and 2048, threads 1 and 2 (the ratios are at 1
 // thread); the memory case L = 8192, H = 8, D = 64 (forward/full and backward/full, 1 thread,
 // one iteration per repetition).
