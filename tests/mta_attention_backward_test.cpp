@@ -434,27 +434,33 @@ TEST(mta_attention_backward, non_finite_stays_in_the_rows_that_see_it) {
 // at row 126, its arrays at row 128, a multiple of the key alignment, with one row in its last
 // group of four), and a key halo of 13 (c_k 27), so that the reach is past the written keys at
 // every lane width.
+// Every stage on, the same with the row stages' buffers (o, do) in play.
 TEST(mta_attention_backward, earlier_calls_arrays_are_not_read) {
-    config c;
-    c.L = 200, c.H = 2, c.Hk = 2, c.cq = 3, c.ck = 27, c.stages = kPreConv;
-    problem p(c);
-    auto call = [&](const problem& pr) {
-        grads g = pr.make_grads();
-        pr.want_all(g);
-        attnkit::detail::mta::attention_backward_impl<attnkit::simd::default_arch>(
-            attnkit::detail::q_view(pr.q), attnkit::detail::k_view(pr.k), attnkit::detail::v_view(pr.v),
-            attnkit::view<const float, 4>(pr.out), attnkit::view<const float, 4>(pr.dout),
-            attnkit::view<float, 4>(g.dq), attnkit::view<float, 4>(g.dk), attnkit::view<float, 4>(g.dv), g.dw, pr.o, 21);
-        return g;
-    };
-    problem nan = p;
-    nan.q.setConstant(std::numeric_limits<float>::quiet_NaN());
-    nan.dout.setConstant(std::numeric_limits<float>::quiet_NaN());
-    (void)call(nan);
-    const grads g = call(p);
-    for (index_t e = 0; e < g.kq_pre.size(); ++e) EXPECT_TRUE(std::isfinite(g.kq_pre.data()[e])) << "d_kq_pre " << e;
-    for (index_t e = 0; e < g.dq.size(); ++e) EXPECT_TRUE(std::isfinite(g.dq.data()[e])) << "d_q " << e;
-    expect_matches_oracle(p, g);
+    for (unsigned stages : {unsigned(kPreConv), unsigned(kAll)}) {
+        config c;
+        c.L = 200, c.H = 2, c.Hk = 2, c.cq = 3, c.ck = 27, c.stages = stages;
+        SCOPED_TRACE(describe(c));
+        problem p(c);
+        auto call = [&](const problem& pr) {
+            grads g = pr.make_grads();
+            pr.want_all(g);
+            attnkit::detail::mta::attention_backward_impl<attnkit::simd::default_arch>(
+                attnkit::detail::q_view(pr.q), attnkit::detail::k_view(pr.k), attnkit::detail::v_view(pr.v),
+                attnkit::view<const float, 4>(pr.out), attnkit::view<const float, 4>(pr.dout),
+                attnkit::view<float, 4>(g.dq), attnkit::view<float, 4>(g.dk), attnkit::view<float, 4>(g.dv), g.dw,
+                pr.o, 21);
+            return g;
+        };
+        problem nan = p;
+        nan.q.setConstant(std::numeric_limits<float>::quiet_NaN());
+        nan.dout.setConstant(std::numeric_limits<float>::quiet_NaN());
+        (void)call(nan);
+        const grads g = call(p);
+        for (index_t e = 0; e < g.kq_pre.size(); ++e)
+            EXPECT_TRUE(std::isfinite(g.kq_pre.data()[e])) << "d_kq_pre " << e;
+        for (index_t e = 0; e < g.dq.size(); ++e) EXPECT_TRUE(std::isfinite(g.dq.data()[e])) << "d_q " << e;
+        expect_matches_oracle(p, g);
+    }
 }
 
 TEST(mta_attention_backward, empty_sequence_writes_zero_weight_gradients) {

@@ -121,8 +121,8 @@ class backward_runner {
         acc_norm_.assign(w.norm_weight.size(), 0.0);
         acc_gate_.assign(w.gate_weight.size(), 0.0);
         zero_row_.assign(static_cast<std::size_t>(ls_), 0.0f);
-        o_.assign(static_cast<std::size_t>(nr_ * H_ * Dv_), 0.0f);
-        do_.assign(static_cast<std::size_t>(nr_ * H_ * Dv_), 0.0f);
+        if (o_.size() < static_cast<std::size_t>(nr_ * H_ * Dv_)) o_.resize(static_cast<std::size_t>(nr_ * H_ * Dv_));
+        if (do_.size() < o_.size()) do_.resize(o_.size());
     }
 
     void run() {
@@ -150,20 +150,25 @@ class backward_runner {
     std::vector<double> acc_kq_pre_, acc_kq_post_, acc_head_pre_, acc_head_post_, acc_norm_, acc_gate_;
     std::vector<double> mix_part_;  // mix_grad's per-chunk sums
     double acc_bias_ = 0.0;
+    // The block arrays and o_, do_, kept by the calling thread across calls (detail/scratch.hpp):
+    // tens of MiB, which allocated per call came from fresh pages, each faulted in and zeroed, a
+    // fifth of the backward's time at L 2048 (docs/benchmarks.md, "The block arrays kept across
+    // calls").
+    struct slot_pool {
+        std::vector<std::vector<float>> slots;
+        std::vector<float> o, d_o;
+    };
+    scratch_object<slot_pool> pool_lease_;
     std::vector<float> zero_row_;  // keys 0 .. ls_ of a row of zeros
-    std::vector<float> o_, do_;  // [rows from i0][H][Dv]: P V before the row stages, and its gradient
+    // [rows from i0][H][Dv]: P V before the row stages, and its gradient; every row a block reads
+    // is written first in the block.
+    std::vector<float>& o_ = pool_lease_.get().o;
+    std::vector<float>& do_ = pool_lease_.get().d_o;
     // per_head(): the heads a chained task runs (a convolution group, a key/value head's query
     // heads: every head a head's stages read), and whether stages are chained.
     index_t unit_ = 1;
     bool chain_ = false;
     std::vector<std::function<void(index_t)>> chained_;
-    // The block arrays, kept by the calling thread across calls (detail/scratch.hpp): tens of MiB,
-    // which allocated per call came from fresh pages, each faulted in and zeroed, a fifth of the
-    // backward's time at L 2048 (docs/benchmarks.md, "The block arrays kept across calls").
-    struct slot_pool {
-        std::vector<std::vector<float>> slots;
-    };
-    scratch_object<slot_pool> pool_lease_;
     std::vector<std::vector<float>>& slots_ = pool_lease_.get().slots;
     std::vector<bool> busy_;
     index_t x0_ = 0, clean_ = 0;  // the block's first array row and clean end (keys)

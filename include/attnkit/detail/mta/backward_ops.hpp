@@ -167,16 +167,16 @@ ATTNKIT_ALWAYS_INLINE void dots_block(const float* const* ya, const float* const
 constexpr index_t kConvGradRows = 4;
 
 // dk[m][a][c] += sum_{r < 4} sum_j dy[r][j] in[m][row i + r + a + row_off][j + c - hk], for the
-// four dy rows i .. i + 3 (dy[r]: key 0 of row i + r, 0 after key i + r up to n, a multiple of
-// the lane count past the last key of the rows that are not all 0). Source row t (absolute row i + row_off + t) pairs with dy row
-// r through query tap a = t - r, so each source vector, loaded once per key tap c, serves every
-// dy row of the block that reads it: per vector of keys, 4 dy loads and c_q + 3 source loads for
-// 4 c_q FMAs, where a row at a time took a dy load and c_k source loads for c_k FMAs (load-bound:
-// the source loads are unaligned, most of them split across cache lines). The accumulators are
-// the query taps' (kCq of them; kCq = 0: any c_q, in windows of 8 with run-time checks), so that
-// loops over them unroll into registers. Each (a, c) is one float sum over the block's rows and
-// keys, added to the double accumulator: its order depends only on the block's rows, which do
-// not depend on the thread count.
+// four dy rows i .. i + 3 (dy[r]: key 0 of row i + r, 0 after key i + r up to n, a multiple of the
+// lane count past the last key of the rows that are not all 0). Source row t (absolute row i +
+// row_off + t) pairs with dy row r through query tap a = t - r, so each source vector, loaded once
+// per key tap c, serves every dy row of the block that reads it: per vector of keys, 4 dy loads and
+// c_q + 3 source loads for 4 c_q FMAs, where a row at a time took a dy load and c_k source loads
+// for c_k FMAs (load-bound: the source loads are unaligned, most of them split across cache lines).
+// The accumulators are the query taps' (kCq of them; kCq = 0: any c_q, in windows of 8 with
+// run-time checks), so that loops over them unroll into registers. Each (a, c) is one float sum
+// over the block's rows and keys, added to the double accumulator: its order depends only on the
+// block's rows, which do not depend on the thread count.
 template <class A, int kCq>
 void conv_grad_rows_impl(double* dk, const float* const* dy, const conv_source& src, index_t G, index_t cq,
                          index_t ck, index_t row_off, index_t i, index_t n) {
