@@ -151,9 +151,8 @@ class backward_runner {
     std::vector<double> mix_part_;  // mix_grad's per-chunk sums
     double acc_bias_ = 0.0;
     // The block arrays and o_, do_, kept by the calling thread across calls (detail/scratch.hpp):
-    // tens of MiB, which allocated per call came from fresh pages, each faulted in and zeroed, a
-    // fifth of the backward's time at L 2048 (docs/benchmarks.md, "The block arrays kept across
-    // calls").
+    // tens of MiB, which allocated per call came from fresh pages, every one faulted in and zeroed
+    // on every call (docs/benchmarks.md, "The block arrays kept across calls").
     struct slot_pool {
         std::vector<std::vector<float>> slots;
         std::vector<float> o, d_o;
