@@ -163,13 +163,13 @@ class backward_runner {
     // is written first in the block.
     std::vector<float>& o_ = pool_lease_.get().o;
     std::vector<float>& do_ = pool_lease_.get().d_o;
+    std::vector<std::vector<float>>& slots_ = pool_lease_.get().slots;
+    std::vector<bool> busy_;  // the slots this call has taken, and which of them are in use
     // per_head(): the heads a chained task runs (a convolution group, a key/value head's query
     // heads: every head a head's stages read), and whether stages are chained.
     index_t unit_ = 1;
     bool chain_ = false;
     std::vector<std::function<void(index_t)>> chained_;
-    std::vector<std::vector<float>>& slots_ = pool_lease_.get().slots;
-    std::vector<bool> busy_;
     index_t x0_ = 0, clean_ = 0;  // the block's first array row and clean end (keys)
 
     // The transpose of a convolution as a convolution: kernel [n][m'][a'][c'] for input head n,

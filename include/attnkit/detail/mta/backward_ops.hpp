@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 
 #include "attnkit/detail/online_softmax.hpp"
 #include "attnkit/detail/tile_traits.hpp"
@@ -31,6 +32,15 @@ struct conv_source {
     const float* const* in;
     index_t row0, lo, hi, ls;
     const float* row(index_t m, index_t r) const { return (r < lo || r >= hi) ? nullptr : in[m] + (r - row0) * ls; }
+    // The rows of a window of query taps: s[t] = key `key` of absolute row first + t of head m
+    // for t < count, null for a row outside the source and for t >= count (up to N).
+    template <std::size_t N>
+    void window(const float* (&s)[N], index_t m, index_t first, index_t count, index_t key) const {
+        for (index_t t = 0; t < index_t(N); ++t) {
+            const float* p = t < count ? row(m, first + t) : nullptr;
+            s[t] = p ? p + key : nullptr;
+        }
+    }
 };
 
 // Query taps whose weights one pass of conv_rows_block keeps in registers: with the block's
@@ -67,10 +77,7 @@ void conv_rows_block(float* const* out, const conv_source& src, index_t G, const
                 // Source row t of the window (t = 0 .. nw + R - 2) is absolute row i + row_off +
                 // a0 + t and feeds output row r through tap a0 + t - r.
                 const float* s[NW + R - 1];
-                for (index_t t = 0; t < NW + R - 1; ++t) {
-                    const float* p = t < nw + R - 1 ? src.row(m, i + row_off + a0 + t) : nullptr;
-                    s[t] = p ? p + j0 - hk : nullptr;
-                }
+                src.window(s, m, i + row_off + a0, nw + R - 1, j0 - hk);
                 const float* kw = k + (m * cq + a0) * ck;
                 for (index_t c = 0; c < ck; ++c) {
                     V w[NW];
@@ -187,10 +194,7 @@ void conv_grad_rows_impl(double* dk, const float* const* dy, const conv_source& 
         for (index_t a0 = 0; a0 < cq; a0 += NW) {
             const index_t nw = kCq > 0 ? kCq : std::min(NW, cq - a0);
             const float* s[NW + R - 1];
-            for (index_t t = 0; t < NW + R - 1; ++t) {
-                const float* p = t < nw + R - 1 ? src.row(m, i + row_off + a0 + t) : nullptr;
-                s[t] = p ? p - hk : nullptr;
-            }
+            src.window(s, m, i + row_off + a0, nw + R - 1, -hk);
             double* d = dk + (m * cq + a0) * ck;
             for (index_t c = 0; c < ck; ++c) {
                 V acc[NW];
