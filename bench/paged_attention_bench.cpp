@@ -14,6 +14,11 @@
 //                      (cu_seqlens_k = the packed offsets, cu_seqlens_q = 0..16). The two families
 //                      have identical names after the family, so the report pairs them; they run
 //                      one after the other on the same inputs
+//   paged_over_contiguous  both, in one benchmark of 15 iterations: each a paged and a
+//                      contiguous call in alternating order, timed one by one; counters paged_ms,
+//                      contiguous_ms (medians), ratio (the median of the 15 per-pair ratios: the
+//                      serving issue's "within 10%" on a host whose speed drifts between
+//                      benchmarks) and each layout's bw_frac
 //   varlen_prefill     a packed batch of 8 causal prompts, lengths 256, 512, 1024, 2048, 4096,
 //                      384, 768, 1536 (10624 rows), f32, one softmax_attention_varlen call
 //   per_sequence_prefill  the same prompts as 8 softmax_attention calls (B = 1 each, on views of
@@ -81,6 +86,9 @@ template <class T>
 using tensor4 = Eigen::Tensor<T, 4, Eigen::RowMajor>;
 
 constexpr index_t kD = 128, kHk = 8, kPageRows = 64;
+// Pairs per paged_over_contiguous benchmark: enough for a median that one slow call cannot move
+// (a pair takes 50-450 ms here, so a row takes a few seconds).
+constexpr int kPairedIterations = 15;
 
 struct head_config {
     index_t H, Hk;
@@ -335,52 +343,128 @@ std::string check_decode(const decode_batch<T>& d, const tensor3<float>& q, cons
 
 // ---------------------------------------------------------------------------------------------
 // Decode.
+
+// One decode call of the batch through either layout, on the same queries and options.
 template <class T>
-void BM_decode(benchmark::State& state, bool paged, head_config hc, int threads) {
-    auto& d = fixture_for<decode_batch<T>>(std::string("decode/") + dtype_name<T>(), make_decode_batch<T>);
-    const index_t B = static_cast<index_t>(d.lengths.size());
-    tensor3<float> q(B, hc.H, kD), out(B, hc.H, kD);
-    fill_uniform(q.data(), q.size(), 21 + static_cast<std::uint64_t>(hc.H));
-    out.setConstant(std::numeric_limits<float>::quiet_NaN());
+struct decode_calls {
+    const decode_batch<T>& d;
+    tensor3<float> q;
     attnkit::softmax_options opts;
-    opts.causal = true;  // bottom-right: the step's one query sees its whole sequence either way
-    opts.pool = shared_pool(threads);
-    auto packed_call = [&](tensor3<float>& o) {
+
+    decode_calls(const decode_batch<T>& batch, head_config hc, int threads)
+        : d(batch), q(static_cast<index_t>(batch.lengths.size()), hc.H, kD) {
+        fill_uniform(q.data(), q.size(), 21 + static_cast<std::uint64_t>(hc.H));
+        opts.causal = true;  // bottom-right: the step's one query sees its whole sequence either way
+        opts.pool = shared_pool(threads);
+    }
+    tensor3<float> make_out() const {
+        tensor3<float> o(q.dimension(0), q.dimension(1), kD);
+        o.setConstant(std::numeric_limits<float>::quiet_NaN());
+        return o;
+    }
+    void packed(tensor3<float>& o) const {
         if constexpr (kInt8<T>)
             attnkit::softmax_attention_varlen(q, attnkit::int8_kv(d.k, d.k_scales), attnkit::int8_kv(d.v, d.v_scales),
                                               d.cu_q, d.cu_k, o, opts);
         else
             attnkit::softmax_attention_varlen(q, d.k, d.v, d.cu_q, d.cu_k, o, opts);
-    };
-    auto call = [&](tensor3<float>& o) {
-        if (!paged) return packed_call(o);
+    }
+    void paged(tensor3<float>& o) const {
         if constexpr (kInt8<T>)
             attnkit::paged_attention(q, attnkit::int8_kv(d.k_pages, d.k_scale_pages),
                                      attnkit::int8_kv(d.v_pages, d.v_scale_pages), d.kv, o, opts);
         else
             attnkit::paged_attention(q, d.k_pages, d.v_pages, d.kv, o, opts);
-    };
+    }
+    // Empty when out (of the paged call when `paged`) passes the oracle check and, for the paged
+    // call, equals the packed call bitwise.
+    std::string check(const tensor3<float>& out, bool is_paged) const {
+        std::string why = check_decode(d, q, out, is_paged, opts);
+        if (why.empty() && is_paged) {
+            tensor3<float> ref = make_out();
+            packed(ref);
+            if (std::memcmp(ref.data(), out.data(), sizeof(float) * static_cast<std::size_t>(out.size())) != 0)
+                why = "paged_attention is not bitwise softmax_attention_varlen on the packed keys";
+        }
+        return why;
+    }
+    // K + V bytes of one call, as stored: int8 rows also read their float scale.
+    double bytes() const {
+        const double row_bytes = static_cast<double>(kD * sizeof(T) + (kInt8<T> ? sizeof(float) : 0));
+        return 2.0 * static_cast<double>(total(d.lengths) * kHk) * row_bytes;
+    }
+};
+
+template <class T>
+void BM_decode(benchmark::State& state, bool paged, head_config hc, int threads) {
+    auto& d = fixture_for<decode_batch<T>>(std::string("decode/") + dtype_name<T>(), make_decode_batch<T>);
     try {
+        const decode_calls<T> calls(d, hc, threads);
+        tensor3<float> out = calls.make_out();
         const auto t0 = clock_type::now();
         for (auto _ : state) {
-            call(out);
+            if (paged)
+                calls.paged(out);
+            else
+                calls.packed(out);
             benchmark::ClobberMemory();
         }
         const double seconds = seconds_since(t0);
-        std::string why = check_decode(d, q, out, paged, opts);
-        if (why.empty() && paged) {
-            tensor3<float> packed(B, hc.H, kD);
-            packed_call(packed);
-            if (std::memcmp(packed.data(), out.data(), sizeof(float) * static_cast<std::size_t>(out.size())) != 0)
-                why = "paged_attention is not bitwise softmax_attention_varlen on the packed keys";
-        }
+        const std::string why = calls.check(out, paged);
         if (!why.empty()) return state.SkipWithError(why.c_str());
-        // As stored: int8 rows also read their float scale.
-        const double row_bytes = static_cast<double>(kD * sizeof(T) + (kInt8<T> ? sizeof(float) : 0));
-        const double bytes = 2.0 * static_cast<double>(total(d.lengths) * kHk) * row_bytes;
         const double iters = static_cast<double>(state.iterations());
-        state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-        state.counters["bw_frac"] = bytes * iters / seconds / dram_read_bandwidth(threads);
+        state.counters["GB/s"] = benchmark::Counter(calls.bytes() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+        state.counters["bw_frac"] = calls.bytes() * iters / seconds / dram_read_bandwidth(threads);
+    } catch (const std::exception& e) {
+        state.SkipWithError((std::string("exception: ") + e.what()).c_str());
+    }
+}
+
+// The two layouts in one benchmark: each iteration is a paged call and a contiguous call, in
+// alternating order, each timed on its own. On a shared host whose speed drifts by tens of
+// percent between one benchmark and the next, the pairs see the same host, so the median of
+// their ratios measures the layout and not the moment (the two families above are kept for their
+// absolute rates). Counters: paged_ms and contiguous_ms (medians over the pairs), ratio (the
+// median of paged / contiguous per pair), paged and contiguous bw_frac (from those medians).
+template <class T>
+void BM_decode_paired(benchmark::State& state, head_config hc, int threads) {
+    auto& d = fixture_for<decode_batch<T>>(std::string("decode/") + dtype_name<T>(), make_decode_batch<T>);
+    try {
+        const decode_calls<T> calls(d, hc, threads);
+        tensor3<float> out_paged = calls.make_out(), out_packed = calls.make_out();
+        std::vector<double> t_paged, t_packed, ratio;
+        bool paged_first = true;
+        for (auto _ : state) {
+            double t[2];
+            for (int i = 0; i < 2; ++i) {
+                const bool paged = (i == 0) == paged_first;
+                const auto t0 = clock_type::now();
+                if (paged)
+                    calls.paged(out_paged);
+                else
+                    calls.packed(out_packed);
+                benchmark::ClobberMemory();
+                t[paged ? 0 : 1] = seconds_since(t0);
+            }
+            paged_first = !paged_first;
+            t_paged.push_back(t[0]);
+            t_packed.push_back(t[1]);
+            ratio.push_back(t[0] / t[1]);
+        }
+        std::string why = calls.check(out_paged, true);
+        if (why.empty()) why = calls.check(out_packed, false);
+        if (!why.empty()) return state.SkipWithError(why.c_str());
+        auto median = [](std::vector<double> x) {
+            std::sort(x.begin(), x.end());
+            const std::size_t n = x.size();
+            return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+        };
+        const double mp = median(t_paged), mc = median(t_packed), bw = dram_read_bandwidth(threads);
+        state.counters["paged_ms"] = 1e3 * mp;
+        state.counters["contiguous_ms"] = 1e3 * mc;
+        state.counters["ratio"] = median(ratio);
+        state.counters["paged_bw_frac"] = calls.bytes() / mp / bw;
+        state.counters["contiguous_bw_frac"] = calls.bytes() / mc / bw;
     } catch (const std::exception& e) {
         state.SkipWithError((std::string("exception: ") + e.what()).c_str());
     }
@@ -599,6 +683,14 @@ void register_decode() {
                     ->UseRealTime()
                     ->Unit(benchmark::kMillisecond);
             }
+    for (head_config hc : kHeadConfigs)
+        for (int t : kThreadCounts) {
+            const std::string name = "paged_over_contiguous/" + shape + heads_name(hc) + "/threads:" + std::to_string(t);
+            benchmark::RegisterBenchmark(name.c_str(), BM_decode_paired<T>, hc, t)
+                ->Iterations(kPairedIterations)
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+        }
 }
 
 template <class T>
