@@ -23,10 +23,10 @@
 //    back. Those rows sum their keys in another order than token-major ones, so the two layouts
 //    agree to rounding there, not bit for bit (docs/benchmarks.md, section
 //    `detail/row_kernel.hpp`);
-//  - with one query row per key/value head (MHA) and 16-bit or int8 K/V, the score walk of a
-//    block hints the block's V lines to L2 and the value walk the next block's K lines, so that
-//    the one of K and V that is not being read is still being fetched (kPrefetchOther; AVX-512
-//    builds, where it was measured to pay);
+//  - with several query rows per key/value head (GQA), or one (MHA) and 16-bit or int8 K/V, the
+//    score walk of a block hints the block's V lines to L2 and the value walk the next block's K
+//    lines, so that the one of K and V that is not being read is still being fetched
+//    (kPrefetchOther, kPrefetchOtherGrouped; AVX-512 builds, where it was measured to pay);
 //  - eight keys per step in both walks: eight independent FMA chains per score step, one load
 //    of q per eight FMAs, and one load and store of each output vector per eight keys (the
 //    value walk is store-bound otherwise);
@@ -82,17 +82,20 @@ inline index_t pair_pos(index_t c, index_t n) {
     return c - i + (i % 2) * (W2 / 2) + i / 2;
 }
 
-// The row walk hints the other tensor's next lines to L2 (the header) for 16-bit and int8 K/V
-// with one query row per key/value head, where the walk spends the most instructions per byte
-// read and a second set of lines in flight pays. Float K/V, already near the read bandwidth,
-// and GQA rows, bound by their arithmetic, gained nothing from the hints or lost
-// (docs/benchmarks.md, section `detail/row_kernel.hpp`). Only in AVX-512 builds: measured on
-// an AVX-512 core (Sapphire Rapids) they made MHA 16-bit decode faster, on an AVX2 core (Zen 3)
-// slower, with the K/V in the L3 as well as in DRAM (the same section); that VM had no hardware
-// counters to say why. Zen 4 (AVX-512 with Zen 3's cache sizes) has not been measured.
+// The row walk hints the other tensor's next lines to L2 (the header) in AVX-512 builds: for
+// 16-bit and int8 K/V with one query row per key/value head, where the walk spends the most
+// instructions per byte read and a second set of lines in flight pays, and for rows grouped by
+// key/value head (GQA), whose arithmetic per byte leaves the loads waiting. Float MHA rows, where
+// the walk's own streams come closest to the read bandwidth, lost with the hints on both AVX-512
+// cores measured. On an AVX2 core (Zen 3) the hints made MHA 16-bit decode slower, with the K/V
+// in the L3 as well as in DRAM. GQA rows: 3-10% slower on Sapphire Rapids in a scratch driver
+// (within the noise in the bench), 10-20% faster on Zen 5 in every storage type
+// (docs/benchmarks.md, section `detail/row_kernel.hpp`). No VM had hardware counters to say why.
 template <class A, class KT, class VT>
 constexpr bool kPrefetchOther = simd::kLanes<A> >= 16 &&
                                 (!std::is_same<KT, float>::value || !std::is_same<VT, float>::value);
+template <class A>
+constexpr bool kPrefetchOtherGrouped = simd::kLanes<A> >= 16;
 
 // Head-major rows of at most this many bytes are read as one stream per head (the header).
 constexpr index_t kShortRowBytes = 128;
@@ -509,10 +512,10 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         const KT* kb = p.k.row(rb.b, j0, rb.hk);
         const VT* vb = p.v.row(rb.b, j0, rb.hk);
         auto active = [&](index_t r) { return j0 < hi[r] && j0 + nk > lo[r]; };
-        // The other tensor's hints (kPrefetchOther): this block's V during its scores, the
+        // The other tensor's hints (kPrefetchOther*): this block's V during its scores, the
         // next block's K (when it is a whole one) during its values, step by step in the
         // order the walks will read them.
-        const bool hint = kPrefetchOther<A, KT, VT> && RH == 1 && nk == BK;
+        const bool hint = (RH == 1 ? kPrefetchOther<A, KT, VT> : kPrefetchOtherGrouped<A>) && nk == BK;
         const KT* kn = hint && j1 + BK <= max_hi ? p.k.row(rb.b, j1, rb.hk) : nullptr;
 
         // Scores, KG keys at a time, head by head; K rows shared by a head's rows. The KG keys
