@@ -88,9 +88,9 @@ inline index_t pair_pos(index_t c, index_t n) {
 // key/value head (GQA), whose arithmetic per byte leaves the loads waiting. Float MHA rows, where
 // the walk's own streams come closest to the read bandwidth, lost with the hints on both AVX-512
 // cores measured. On an AVX2 core (Zen 3) the hints made MHA 16-bit decode slower, with the K/V
-// in the L3 as well as in DRAM. GQA rows: 3-10% slower on Sapphire Rapids in a scratch driver
-// (within the noise in the bench), 10-20% faster on Zen 5 in every storage type
-// (docs/benchmarks.md, section `detail/row_kernel.hpp`). No VM had hardware counters to say why.
+// in the L3 as well as in DRAM. GQA rows: no gain beyond the noise on Sapphire Rapids, faster in
+// every storage type on Zen 5 (docs/benchmarks.md, section `detail/row_kernel.hpp`). No VM had
+// hardware counters to say why.
 template <class A, class KT, class VT>
 constexpr bool kPrefetchOther = simd::kLanes<A> >= 16 &&
                                 (!std::is_same<KT, float>::value || !std::is_same<VT, float>::value);
