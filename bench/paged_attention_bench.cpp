@@ -376,7 +376,7 @@ struct decode_calls {
         else
             attnkit::paged_attention(q, d.k_pages, d.v_pages, d.kv, o, opts);
     }
-    // Empty when out (of the paged call when `paged`) passes the oracle check and, for the paged
+    // Empty when out (of the paged call when is_paged) passes the oracle check and, for the paged
     // call, equals the packed call bitwise.
     std::string check(const tensor3<float>& out, bool is_paged) const {
         std::string why = check_decode(d, q, out, is_paged, opts);
