@@ -12,6 +12,11 @@
 //                 loads, one sum, three streamed stores), the yardstick of what the placement
 //                 allows; with threads, tasks of 64 positions from the last down, which the pool
 //                 hands out in batches
+// "/probe:alternating" (backward_lse and traffic at L 32768): each iteration also runs one pass
+// of the 8-stream read probe, alternately before and after the call; counters call_ms (median)
+// and frac_alternating (median per iteration of the call's bytes per second over the probe
+// pass's next to it), a fraction of the read bandwidth that the host's drift between the
+// program's start and the benchmark does not move.
 // Layouts: the plain names use Eigen::Tensor allocations, one after another as a program makes
 // them (equal 128 MiB tensors then start 2^27 + 4 KiB apart); "/layout:apart" runs the backward
 // on the same values placed by common/placement.hpp's spaced_arena (start to start 2^27 + 4 MiB
@@ -49,6 +54,8 @@ using tensor4 = Eigen::Tensor<float, 4, Eigen::RowMajor>;
 using map4 = Eigen::TensorMap<tensor4>;
 using map3 = Eigen::TensorMap<Eigen::Tensor<float, 3, Eigen::RowMajor>>;
 constexpr std::int64_t kH = 8, kD = 128;
+// Iterations of the "/probe:alternating" rows: a median over this many call / probe pairs.
+constexpr int kAlternatingIterations = 15;
 
 struct inputs {
     tensor4 q, k, v, out, dout;
@@ -181,7 +188,7 @@ bool check(const inputs& in, const map4& dq, const map4& dv, std::string& why) {
     return true;
 }
 
-void BM_case(benchmark::State& state, family f, std::int64_t L, int threads, layout where) {
+void BM_case(benchmark::State& state, family f, std::int64_t L, int threads, layout where, bool alternating) {
     const inputs& in = inputs_for(L);
     const bool fwd = f == family::forward || f == family::forward_lse;
     // The gradients first, then the forward's outputs (only for the forward families): in the
@@ -238,16 +245,46 @@ void BM_case(benchmark::State& state, family f, std::int64_t L, int threads, lay
     };
     // One untimed call: the outputs' pages are faulted in here, not in the first timed call.
     run();
+    // "/probe:alternating": each iteration is also one pass of the read probe, before or after
+    // the call in turn, each timed on its own; frac_alternating is the median over iterations of
+    // the call's rate over its neighbouring probe pass's. The plain bw_frac divides by the best of
+    // five passes at the program's start, and this host's bandwidth drifts by tens of percent
+    // between then and a benchmark minutes later.
+    std::vector<double> call_seconds, frac;
+    float sink = 0;
     for (auto _ : state) {
-        run();
-        benchmark::ClobberMemory();
+        double t_call = 0, t_probe = 0, probe_bytes = 0;
+        for (int i = 0; i < (alternating ? 2 : 1); ++i) {
+            const auto t0 = clock_type::now();
+            if (alternating && (i == 0) == (call_seconds.size() % 2 == 1)) {
+                probe_bytes = dram_read_run(threads, &sink);
+                t_probe = seconds_since(t0);
+            } else {
+                run();
+                benchmark::ClobberMemory();
+                t_call = seconds_since(t0);
+            }
+        }
+        call_seconds.push_back(t_call);
+        if (alternating) frac.push_back(bytes_of(L) / t_call / (probe_bytes / t_probe));
     }
+    benchmark::DoNotOptimize(sink);
     std::string why;
     const bool backward = !fwd && f != family::traffic;
     if (backward && !check(in, dq, dv, why)) state.SkipWithError(why.c_str());
     state.counters["GB/s"] = benchmark::Counter(bytes_of(L) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-    state.counters["bw_frac"] =
-        benchmark::Counter(bytes_of(L) / dram_read_bandwidth(threads), benchmark::Counter::kIsIterationInvariantRate);
+    if (!alternating) {
+        state.counters["bw_frac"] =
+            benchmark::Counter(bytes_of(L) / dram_read_bandwidth(threads), benchmark::Counter::kIsIterationInvariantRate);
+        return;
+    }
+    auto median = [](std::vector<double> x) {
+        std::sort(x.begin(), x.end());
+        const std::size_t n = x.size();
+        return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+    };
+    state.counters["call_ms"] = 1e3 * median(call_seconds);
+    state.counters["frac_alternating"] = median(frac);
 }
 
 void register_all() {
@@ -264,10 +301,22 @@ void register_all() {
                     const std::string name = std::string(fname) + "/L:" + std::to_string(L) + "/D:128/H:8/causal:1" +
                                              (where == layout::apart ? "/layout:apart" : "") +
                                              "/threads:" + std::to_string(t);
-                    benchmark::RegisterBenchmark(name.c_str(), BM_case, f, L, t, where)
+                    benchmark::RegisterBenchmark(name.c_str(), BM_case, f, L, t, where, false)
                         ->UseRealTime()
                         ->Unit(benchmark::kMillisecond);
                 }
+    // The training issue's row with the read probe alternating (BM_case), and the traffic loop
+    // beside it as the yardstick.
+    for (int t : kThreadCounts)
+        for (const auto& [f, fname] : {std::pair<family, const char*>{family::backward_lse, "backward_lse"},
+                                       {family::traffic, "traffic"}}) {
+            const std::string name = std::string(fname) + "/L:32768/D:128/H:8/causal:1/probe:alternating/threads:" +
+                                     std::to_string(t);
+            benchmark::RegisterBenchmark(name.c_str(), BM_case, f, std::int64_t(32768), t, layout::natural, true)
+                ->Iterations(kAlternatingIterations)
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+        }
 }
 
 }  // namespace
