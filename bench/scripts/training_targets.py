@@ -29,7 +29,7 @@ import sys
 COMMON = ["--benchmark_enable_random_interleaving=true", "--benchmark_report_aggregates_only=true",
           "--benchmark_out_format=json"]
 PROGRAMS = [
-    ("self_gating", "attnkit_self_gating_attention_backward_bench", r"BM_dram_read|(backward_lse|traffic)/L:32768", 5),
+    ("self_gating", "attnkit_self_gating_attention_backward_bench", r"BM_dram_read|(backward_lse|traffic)/L:32768/D:128/H:8/causal:1/(layout:apart/)?threads", 5),
     ("static_qk", "attnkit_static_qk_attention_backward_bench", r"BM_fma|B:8/L:2048", 5),
     ("embedding_qk", "attnkit_embedding_qk_bench", r"BM_fma|backward", 5),
     ("gated_mlp", "attnkit_gated_mlp_bench", r"BM_fma|backward/N:2048/d_model:896", 5),
