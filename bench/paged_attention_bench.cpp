@@ -454,15 +454,10 @@ void BM_decode_paired(benchmark::State& state, head_config hc, int threads) {
         std::string why = calls.check(out_paged, true);
         if (why.empty()) why = calls.check(out_packed, false);
         if (!why.empty()) return state.SkipWithError(why.c_str());
-        auto median = [](std::vector<double> x) {
-            std::sort(x.begin(), x.end());
-            const std::size_t n = x.size();
-            return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-        };
-        const double mp = median(t_paged), mc = median(t_packed), bw = dram_read_bandwidth(threads);
+        const double mp = median_of(t_paged), mc = median_of(t_packed), bw = dram_read_bandwidth(threads);
         state.counters["paged_ms"] = 1e3 * mp;
         state.counters["contiguous_ms"] = 1e3 * mc;
-        state.counters["ratio"] = median(ratio);
+        state.counters["ratio"] = median_of(ratio);
         state.counters["paged_bw_frac"] = calls.bytes() / mp / bw;
         state.counters["contiguous_bw_frac"] = calls.bytes() / mc / bw;
     } catch (const std::exception& e) {

@@ -254,9 +254,10 @@ void BM_case(benchmark::State& state, family f, std::int64_t L, int threads, lay
     float sink = 0;
     for (auto _ : state) {
         double t_call = 0, t_probe = 0, probe_bytes = 0;
+        const bool probe_first = call_seconds.size() % 2 == 1;  // odd iterations probe first
         for (int i = 0; i < (alternating ? 2 : 1); ++i) {
             const auto t0 = clock_type::now();
-            if (alternating && (i == 0) == (call_seconds.size() % 2 == 1)) {
+            if (alternating && (i == 0) == probe_first) {
                 probe_bytes = dram_read_run(threads, &sink);
                 t_probe = seconds_since(t0);
             } else {
@@ -278,13 +279,8 @@ void BM_case(benchmark::State& state, family f, std::int64_t L, int threads, lay
             benchmark::Counter(bytes_of(L) / dram_read_bandwidth(threads), benchmark::Counter::kIsIterationInvariantRate);
         return;
     }
-    auto median = [](std::vector<double> x) {
-        std::sort(x.begin(), x.end());
-        const std::size_t n = x.size();
-        return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-    };
-    state.counters["call_ms"] = 1e3 * median(call_seconds);
-    state.counters["frac_alternating"] = median(frac);
+    state.counters["call_ms"] = 1e3 * median_of(call_seconds);
+    state.counters["frac_alternating"] = median_of(frac);
 }
 
 void register_all() {

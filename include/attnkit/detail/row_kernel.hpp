@@ -26,7 +26,7 @@
 //  - with several query rows per key/value head (GQA), or one (MHA) and 16-bit or int8 K/V, the
 //    score walk of a block hints the block's V lines to L2 and the value walk the next block's K
 //    lines, so that the one of K and V that is not being read is still being fetched
-//    (kPrefetchOther, kPrefetchOtherGrouped; AVX-512 builds, where it was measured to pay);
+//    (prefetch_other; AVX-512 builds, where it was measured to pay);
 //  - eight keys per step in both walks: eight independent FMA chains per score step, one load
 //    of q per eight FMAs, and one load and store of each output vector per eight keys (the
 //    value walk is store-bound otherwise);
@@ -92,10 +92,10 @@ inline index_t pair_pos(index_t c, index_t n) {
 // every storage type on Zen 5 (docs/benchmarks.md, section `detail/row_kernel.hpp`). No VM had
 // hardware counters to say why.
 template <class A, class KT, class VT>
-constexpr bool kPrefetchOther = simd::kLanes<A> >= 16 &&
-                                (!std::is_same<KT, float>::value || !std::is_same<VT, float>::value);
-template <class A>
-constexpr bool kPrefetchOtherGrouped = simd::kLanes<A> >= 16;
+constexpr bool prefetch_other(index_t rows_per_kv_head) {
+    return simd::kLanes<A> >= 16 &&
+           (rows_per_kv_head > 1 || !std::is_same<KT, float>::value || !std::is_same<VT, float>::value);
+}
 
 // Head-major rows of at most this many bytes are read as one stream per head (the header).
 constexpr index_t kShortRowBytes = 128;
@@ -512,10 +512,10 @@ void row_kernel(const Problem& p, const Policy& pol, const row_block& rb, index_
         const KT* kb = p.k.row(rb.b, j0, rb.hk);
         const VT* vb = p.v.row(rb.b, j0, rb.hk);
         auto active = [&](index_t r) { return j0 < hi[r] && j0 + nk > lo[r]; };
-        // The other tensor's hints (kPrefetchOther*): this block's V during its scores, the
+        // The other tensor's hints (prefetch_other): this block's V during its scores, the
         // next block's K (when it is a whole one) during its values, step by step in the
         // order the walks will read them.
-        const bool hint = (RH == 1 ? kPrefetchOther<A, KT, VT> : kPrefetchOtherGrouped<A>) && nk == BK;
+        const bool hint = prefetch_other<A, KT, VT>(RH) && nk == BK;
         const KT* kn = hint && j1 + BK <= max_hi ? p.k.row(rb.b, j1, rb.hk) : nullptr;
 
         // Scores, KG keys at a time, head by head; K rows shared by a head's rows. The KG keys
