@@ -69,8 +69,9 @@ inline void feature_chain(const feature_table& ft, index_t f0, index_t f1, const
 }
 
 // An item's buffers, kept per thread across items and calls (scratch.hpp's scratch_object):
-// the accumulators alone are O(L (D + Dv)) floats, and allocated per item they come from fresh
-// pages each time, whose faults cost ~10% of the call in a VM.
+// the accumulators alone are O(L (D + Dv)) floats, megabytes at long L, which allocated per item
+// would come from fresh pages, faulted in and zeroed at every item (docs/benchmarks.md, "The
+// linear backward's buffers kept per thread").
 struct linear_backward_buffers {
     std::vector<float> S, U, last, inv, invd, dq, dk, dv, dvt, dots, xt, dxt, vt, phi, dphi, tq, tk, tv, sa, sb, buf;
     std::vector<index_t> lo, hi;
