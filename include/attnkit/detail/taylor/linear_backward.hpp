@@ -193,7 +193,8 @@ class linear_backward_item {
         const index_t n = (r1 - r0 + W - 1) / W * W;
         if (G_ == 1 && pack_transposed(p_.q.row(b_, r0, hk_), p_.q.sl, r1 - r0, n)) {
             const simd::vfloat<A> sc(p_.q_scale);
-            for (index_t x = 0; x < D_ * n; x += W) simd::storeu(w_.xt.data() + x, simd::loadu<A>(w_.xt.data() + x) * sc);
+            float* xt = w_.xt.data();
+            for (index_t x = 0; x < D_ * n; x += W) simd::storeu(xt + x, simd::loadu<A>(xt + x) * sc);
             return n;
         }
         std::fill(w_.xt.begin(), w_.xt.begin() + (D_ + 2) * n, 0.0f);
@@ -258,7 +259,8 @@ class linear_backward_item {
     void queries_enter(index_t r0, index_t r1) {
         const index_t n = pack_rows(r0, r1), m = r1 - r0;
         std::fill(w_.last.begin(), w_.last.end(), 0.0f);
-        for (index_t r = r0; r < r1; ++r) w_.last[static_cast<std::size_t>(r - r0)] = w_.U[static_cast<std::size_t>(r * T_ + Dv_)];
+        for (index_t r = r0; r < r1; ++r)
+            w_.last[static_cast<std::size_t>(r - r0)] = w_.U[static_cast<std::size_t>(r * T_ + Dv_)];
         for (index_t f0 = 0; f0 < Fp_; f0 += FB) {
             const index_t f1 = std::min(Fp_, f0 + FB);
             build_features<A>(w_.xt.data(), n, ft_, f0, f1, true, w_.phi.data(), w_.last.data(), w_.dots.data());
@@ -294,7 +296,8 @@ class linear_backward_item {
             const index_t f1 = std::min(Fp_, f0 + FB);
             const matrix_ref<float> rb = state_block(f0, f1);
             const matrix_ref<const float> rc{rb.data, rb.rows, rb.cols, rb.stride};
-            gemm_on<A>(rc, gemm_op::none, {w_.vt.data(), nk, T_, T_}, gemm_op::transpose, {w_.dphi.data(), f1 - f0, nk, n});
+            gemm_on<A>(rc, gemm_op::none, {w_.vt.data(), nk, T_, T_}, gemm_op::transpose,
+                       {w_.dphi.data(), f1 - f0, nk, n});
             if (nk < n)
                 for (index_t f = 0; f < f1 - f0; ++f) std::fill_n(w_.dphi.data() + f * n + nk, n - nk, 0.0f);
             feature_chain<A>(ft_, f0, f1, w_.dphi.data(), n, false, w_.xt.data(), w_.dxt.data());
